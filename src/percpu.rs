@@ -1,0 +1,176 @@
+//! Per-CPU counters: the backend interface the protocol is written against,
+//! and the choice of backend.
+//!
+//! # The contract
+//!
+//! A ref's *mode word* (owned by [`PercpuRef`](crate::PercpuRef)) is in
+//! percpu mode exactly when its [`MODE_ATOMIC`] bit is clear. A backend owns
+//! one counter per possible CPU (or per shard) for one ref and offers three
+//! operations:
+//!
+//! - [`try_add`](Counters::try_add): add `delta` (wrapping) to the calling
+//!   CPU's counter *only if the ref is still in percpu mode*, atomically
+//!   with respect to a switch. `false` means nothing was counted and the
+//!   caller must take the atomic path.
+//! - [`seal_and_sum`](Counters::seal_and_sum): called by the switcher after
+//!   it set `MODE_ATOMIC`. Returns, with the wrapping sum of all counters,
+//!   once no further `try_add` can be counted (the grace period).
+//! - [`reset`](Counters::reset): zero every counter. Called with the switch
+//!   lock held while the mode is atomic and sealed, just before the mode
+//!   word is cleared with a release store.
+//!
+//! The invariant the protocol relies on: every `try_add` that returned
+//! `true` is included in exactly one `seal_and_sum`, and every `try_add`
+//! that returned `false` changed no counter that a later sum will read.
+//!
+//! # Backends
+//!
+//! - [`Backend::Sharded`] (`percpu/sharded.rs`): cache-padded atomic shards
+//!   that the switcher *seals*; portable, loom-checkable as is.
+//! - [`Backend::Rseq`]: true per-CPU counting with restartable sequences on
+//!   Linux and a `membarrier` grace period (see `percpu/rseq.rs` when built).
+//!
+//! The backend is chosen once per process ([`backend`]) and can be overridden
+//! per ref for comparisons ([`PercpuRef::with_backend`](crate::PercpuRef::with_backend)).
+
+pub(crate) mod cpus;
+mod sharded;
+
+use crate::sync::AtomicUsize;
+use std::fmt;
+
+pub use cpus::possible_cpus;
+
+/// Mode bit: the ref counts in its shared atomic counter.
+pub(crate) const MODE_ATOMIC: usize = 1;
+/// Mode bit: the ref was killed (always set together with `MODE_ATOMIC`).
+pub(crate) const MODE_DEAD: usize = 2;
+
+/// Which per-CPU counter implementation a ref uses.
+///
+/// # Examples
+///
+/// ```
+/// use percpu_ref::{backend, Backend};
+/// // Every process has one default backend; it never changes once chosen.
+/// let b = backend();
+/// assert!(matches!(b, Backend::Rseq | Backend::Sharded));
+/// assert_eq!(b, backend());
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Backend {
+    /// Restartable-sequence per-CPU counters with a `membarrier` grace
+    /// period: no atomic instruction on the fast path (Linux only).
+    Rseq,
+    /// Cache-padded atomic shards indexed per thread, sealed by the
+    /// switcher: one uncontended `lock xadd` on the fast path. Portable.
+    Sharded,
+}
+
+impl Backend {
+    /// The backend's name as used by `PERCPU_REF_BACKEND`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Backend::Rseq => "rseq",
+            Backend::Sharded => "sharded",
+        }
+    }
+
+    /// Whether this backend can be used in this process.
+    pub fn is_available(self) -> bool {
+        match self {
+            Backend::Sharded => true,
+            Backend::Rseq => false,
+        }
+    }
+}
+
+impl fmt::Display for Backend {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// The backend that [`PercpuRef::new`](crate::PercpuRef::new) uses in this
+/// process.
+///
+/// Detected once, at first use: the rseq backend where it is available,
+/// else the sharded one. The environment variable `PERCPU_REF_BACKEND`
+/// (`rseq` or `sharded`) overrides the choice; asking for `rseq` where it is
+/// unavailable falls back to `sharded`.
+pub fn backend() -> Backend {
+    #[cfg(loom)]
+    {
+        Backend::Sharded
+    }
+    #[cfg(not(loom))]
+    {
+        static CHOSEN: std::sync::OnceLock<Backend> = std::sync::OnceLock::new();
+        *CHOSEN.get_or_init(detect_backend)
+    }
+}
+
+#[cfg(not(loom))]
+fn detect_backend() -> Backend {
+    let wanted = std::env::var("PERCPU_REF_BACKEND").ok();
+    match wanted.as_deref() {
+        Some("sharded") => Backend::Sharded,
+        _ if Backend::Rseq.is_available() => Backend::Rseq,
+        _ => Backend::Sharded,
+    }
+}
+
+/// One ref's per-CPU counters, on whichever backend it was created with.
+///
+/// An enum rather than a trait object: the match on the fast path is one
+/// perfectly predicted branch, and every variant inlines.
+pub(crate) enum Counters {
+    Sharded(sharded::Shards),
+}
+
+impl Counters {
+    /// Counters for one ref, all zero, on `backend` (which must be available).
+    pub(crate) fn new(backend: Backend) -> Self {
+        match backend {
+            Backend::Sharded => Counters::Sharded(sharded::Shards::new()),
+            Backend::Rseq => unreachable!("rseq backend requested but not available"),
+        }
+    }
+
+    /// The backend these counters live on.
+    pub(crate) fn backend(&self) -> Backend {
+        match self {
+            Counters::Sharded(_) => Backend::Sharded,
+        }
+    }
+
+    /// Adds `delta` (wrapping) to this CPU's counter if `mode` is percpu.
+    #[inline(always)]
+    pub(crate) fn try_add(&self, mode: &AtomicUsize, delta: u64) -> bool {
+        match self {
+            Counters::Sharded(s) => s.try_add(mode, delta),
+        }
+    }
+
+    /// Waits until no `try_add` can count any more; returns the sum.
+    pub(crate) fn seal_and_sum(&self) -> u64 {
+        match self {
+            Counters::Sharded(s) => s.seal_and_sum(),
+        }
+    }
+
+    /// Zeroes every counter (mode is atomic and sealed, lock held).
+    pub(crate) fn reset(&self) {
+        match self {
+            Counters::Sharded(s) => s.reset(),
+        }
+    }
+
+    /// Bytes of per-CPU storage this ref owns (for accounting and docs).
+    pub(crate) fn storage_bytes(&self) -> usize {
+        match self {
+            Counters::Sharded(s) => s.storage_bytes(),
+        }
+    }
+}

@@ -1,0 +1,94 @@
+//! How many CPU ids this process can ever observe.
+//!
+//! Per-CPU storage is indexed by CPU id, so it must be sized by the
+//! *possible* CPUs of the machine, not by how many this process may run on:
+//! under `taskset -c 3` a process sees one CPU, whose id is 3. The number
+//! of possible CPUs is read once from `/sys/devices/system/cpu/possible`
+//! (falling back to `sysconf(_SC_NPROCESSORS_CONF)`, then to the
+//! available parallelism) and never changes afterwards.
+
+/// The number of possible CPU ids (highest possible id + 1).
+///
+/// Every CPU id the kernel can report to this process is below this number,
+/// whatever affinity the process has.
+///
+/// # Examples
+///
+/// ```
+/// let n = percpu_ref::possible_cpus();
+/// assert!(n >= 1);
+/// // Never smaller than what this process may run on.
+/// assert!(n >= std::thread::available_parallelism().map_or(1, |p| p.get()));
+/// ```
+pub fn possible_cpus() -> usize {
+    #[cfg(loom)]
+    {
+        2
+    }
+    #[cfg(not(loom))]
+    {
+        static N: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+        *N.get_or_init(detect)
+    }
+}
+
+#[cfg(not(loom))]
+fn detect() -> usize {
+    let from_sysfs = std::fs::read_to_string("/sys/devices/system/cpu/possible")
+        .ok()
+        .and_then(|s| parse_cpu_list_max(&s))
+        .map(|max| max + 1);
+    let parallel = std::thread::available_parallelism().map_or(1, |p| p.get());
+    from_sysfs
+        .or_else(sysconf_configured)
+        .unwrap_or(parallel)
+        .max(parallel)
+        .max(1)
+}
+
+#[cfg(all(unix, not(loom)))]
+fn sysconf_configured() -> Option<usize> {
+    // SAFETY: sysconf has no preconditions; it returns -1 on error.
+    let n = unsafe { libc::sysconf(libc::_SC_NPROCESSORS_CONF) };
+    (n > 0).then_some(n as usize)
+}
+
+#[cfg(all(not(unix), not(loom)))]
+fn sysconf_configured() -> Option<usize> {
+    None
+}
+
+/// The highest id in a kernel CPU list such as `0-3,8,10-11\n`.
+pub(crate) fn parse_cpu_list_max(list: &str) -> Option<usize> {
+    let mut max = None;
+    for part in list.trim().split(',').filter(|p| !p.is_empty()) {
+        let hi = match part.split_once('-') {
+            Some((lo, hi)) => {
+                let (lo, hi): (usize, usize) = (lo.trim().parse().ok()?, hi.trim().parse().ok()?);
+                if lo > hi {
+                    return None;
+                }
+                hi
+            }
+            None => part.trim().parse().ok()?,
+        };
+        max = Some(max.map_or(hi, |m: usize| m.max(hi)));
+    }
+    max
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_cpu_list_max;
+
+    #[test]
+    fn parses_kernel_cpu_lists() {
+        assert_eq!(parse_cpu_list_max("0-1\n"), Some(1));
+        assert_eq!(parse_cpu_list_max("0"), Some(0));
+        assert_eq!(parse_cpu_list_max("0-3,8,10-11"), Some(11));
+        assert_eq!(parse_cpu_list_max("5,2"), Some(5));
+        assert_eq!(parse_cpu_list_max(""), None);
+        assert_eq!(parse_cpu_list_max("x"), None);
+        assert_eq!(parse_cpu_list_max("3-1"), None);
+    }
+}

@@ -1,0 +1,182 @@
+//! The portable backend: cache-padded atomic shards that the switcher seals.
+//!
+//! Each ref owns `N` shards (`N` = possible CPUs rounded up to a power of
+//! two), each an `AtomicU64` on its own cache line. A thread always uses
+//! the shard given by its thread index, so in the common case a shard is
+//! touched by one thread and its cache line never moves.
+//!
+//! # Sealing instead of a grace period
+//!
+//! A percpu operation is one `fetch_add` on the thread's shard, and the
+//! *old value it returns* says whether it counted. The switcher seals each
+//! shard with `swap(SEALED)`, collecting its value. `SEALED` (2^62) is far
+//! from every live value (live per-shard magnitudes stay below 2^61), so:
+//!
+//! - an add ordered before the swap returned a live value and is in the sum;
+//! - an add ordered after it returned a sealed value: it did not count, and
+//!   the caller takes the atomic path. The sealed shard drifts by that
+//!   delta, which is harmless: it is never summed again, and
+//!   [`reset`](Shards::reset) overwrites it before the next percpu period.
+//!
+//! Because each shard's operations are totally ordered RMWs, no in-flight
+//! tracking and no grace period are needed, and loom checks this backend
+//! exactly as it runs.
+//!
+//! Before touching its shard, an operation reads the mode word and goes
+//! straight to the atomic path when it is atomic: that is only a shortcut
+//! (it keeps atomic-mode traffic off the shards); the returned old value
+//! alone decides.
+
+use super::{cpus::possible_cpus, MODE_ATOMIC};
+use crate::sync::{AtomicU64, AtomicUsize, Ordering};
+use crossbeam_utils::CachePadded;
+
+/// The value a sealed shard holds (plus the drift of late adds).
+const SEALED: u64 = 1 << 62;
+/// Live per-shard values stay within (-LIVE_LIMIT, LIVE_LIMIT) as i64.
+const LIVE_LIMIT: u64 = 1 << 61;
+
+/// Whether a shard value returned by `fetch_add` belongs to a sealed shard.
+#[inline(always)]
+fn is_sealed(old: u64) -> bool {
+    // Live values are in (-2^61, 2^61); shifting by 2^61 maps them to
+    // [1, 2^62), anything else is sealed (2^62 ± drift).
+    old.wrapping_add(LIVE_LIMIT) >= 2 * LIVE_LIMIT
+}
+
+pub(crate) struct Shards {
+    shards: Box<[CachePadded<AtomicU64>]>,
+    mask: usize,
+}
+
+impl Shards {
+    pub(crate) fn new() -> Self {
+        let n = possible_cpus().next_power_of_two();
+        Shards {
+            shards: (0..n)
+                .map(|_| CachePadded::new(AtomicU64::new(0)))
+                .collect(),
+            mask: n - 1,
+        }
+    }
+
+    #[inline(always)]
+    fn shard(&self) -> &AtomicU64 {
+        &self.shards[thread_index() & self.mask]
+    }
+
+    #[inline(always)]
+    pub(crate) fn try_add(&self, mode: &AtomicUsize, delta: u64) -> bool {
+        if mode.load(Ordering::Relaxed) & MODE_ATOMIC != 0 {
+            return false;
+        }
+        // AcqRel: release so the switcher's swap sees everything before a
+        // put; acquire so an op that finds the shard sealed sees the mode
+        // bits (DEAD) the switcher stored before sealing.
+        let old = self.shard().fetch_add(delta, Ordering::AcqRel);
+        !is_sealed(old)
+    }
+
+    pub(crate) fn seal_and_sum(&self) -> u64 {
+        self.shards.iter().fold(0u64, |sum, s| {
+            let v = s.swap(SEALED, Ordering::AcqRel);
+            debug_assert!(!is_sealed(v), "percpu_ref: shard sealed twice");
+            sum.wrapping_add(v)
+        })
+    }
+
+    pub(crate) fn reset(&self) {
+        for s in self.shards.iter() {
+            s.store(0, Ordering::Release);
+        }
+    }
+
+    pub(crate) fn storage_bytes(&self) -> usize {
+        std::mem::size_of_val(&*self.shards)
+    }
+}
+
+/// A small per-thread number used to pick a shard.
+#[cfg(not(loom))]
+#[inline(always)]
+fn thread_index() -> usize {
+    use std::cell::Cell;
+    use std::sync::atomic::AtomicUsize as StdAtomicUsize;
+    static NEXT: StdAtomicUsize = StdAtomicUsize::new(0);
+    std::thread_local! {
+        static INDEX: Cell<usize> = const { Cell::new(usize::MAX) };
+    }
+    INDEX.with(|i| {
+        let v = i.get();
+        if v != usize::MAX {
+            return v;
+        }
+        let v = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        i.set(v);
+        v
+    })
+}
+
+/// Under loom the index must be the same in every execution: use the loom
+/// thread id (main = 0, spawned threads 1, 2, ...).
+#[cfg(loom)]
+fn thread_index() -> usize {
+    let id = format!("{:?}", loom::thread::current().id());
+    id.trim_start_matches("ThreadId(")
+        .trim_end_matches(')')
+        .parse()
+        .unwrap_or(0)
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sealed_classification() {
+        for live in [
+            0u64,
+            1,
+            1000,
+            (LIVE_LIMIT - 1),
+            0u64.wrapping_sub(1),
+            0u64.wrapping_sub(LIVE_LIMIT - 1),
+        ] {
+            assert!(!is_sealed(live), "{live:#x} is live");
+        }
+        for drift in [
+            0i64,
+            1,
+            -1,
+            1 << 40,
+            -(1 << 40),
+            (1 << 61) - 1,
+            -((1 << 61) - 1),
+        ] {
+            assert!(
+                is_sealed(SEALED.wrapping_add(drift as u64)),
+                "SEALED{drift:+} is sealed"
+            );
+        }
+    }
+
+    #[test]
+    fn late_add_after_seal_is_not_counted() {
+        let mode = AtomicUsize::new(0);
+        let s = Shards::new();
+        assert!(s.try_add(&mode, 5));
+        assert!(s.try_add(&mode, 2u64.wrapping_neg()));
+        // The switcher sealed, but this op read the mode before it changed.
+        assert_eq!(s.seal_and_sum(), 3);
+        assert!(
+            !s.try_add(&mode, 1),
+            "a late add on a sealed shard must not count"
+        );
+        mode.store(MODE_ATOMIC, Ordering::Relaxed);
+        assert!(!s.try_add(&mode, 1));
+        s.reset();
+        mode.store(0, Ordering::Relaxed);
+        assert!(s.try_add(&mode, 7));
+        assert_eq!(s.seal_and_sum(), 7);
+    }
+}

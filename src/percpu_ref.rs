@@ -1,0 +1,658 @@
+//! The percpu_ref protocol: modes, switches, kill and release.
+//!
+//! This is lib/percpu-refcount.c made synchronous. A ref is a mode word,
+//! per-CPU counters ([`Counters`]) and one atomic counter
+//! ([`AtomicCount`]). In percpu mode get/put touch only the caller's CPU
+//! counter; the atomic counter holds `BIAS + a` so it cannot reach zero.
+//!
+//! Switching to atomic mode (the kernel's `__percpu_ref_switch_to_atomic`
+//! plus its RCU callback, run in one go):
+//!
+//! 1. set `ATOMIC` in the mode word; new operations take the atomic path;
+//! 2. take a temporary reference on the atomic counter, so that nothing
+//!    can release the ref before step 5;
+//! 3. `seal_and_sum`: wait out the grace period (no percpu add that read
+//!    the old mode is still in flight) and sum every CPU's counter;
+//! 4. fold `sum - BIAS` into the atomic counter in one RMW: it now holds
+//!    the true count (plus the temporary reference);
+//! 5. run `confirm`, then drop the temporary reference, which releases the
+//!    ref if that was the last one. Release therefore never precedes
+//!    confirm.
+//!
+//! Switching back (only with `ALLOW_REINIT`, never while dead or forced
+//! atomic) needs no grace period: add `BIAS`, zero the per-CPU counters,
+//! clear `ATOMIC` with a release store.
+//!
+//! Kill = set `DEAD`, switch to atomic with the caller's confirm, put the
+//! base reference. After the confirm, every `tryget_live` reads `DEAD`.
+//!
+//! # Locking
+//!
+//! Switches, kills and revivals of one ref are serialised by its switch
+//! lock, held across the grace period and `confirm` (which is why a switch
+//! that starts while another is pending waits for its confirm). `release`
+//! is never called with the lock held: puts made under the lock only
+//! record that the count reached zero, and the release runs after unlock.
+//! Calling a switch operation from inside `confirm` on the same ref would
+//! deadlock; it panics with a message instead.
+
+use crate::atomic_mode::{signed, AtomicCount, PutOutcome, BIAS, MAX_COUNT};
+use crate::flags::{Error, InitFlags};
+use crate::percpu::{backend, Backend, Counters, MODE_ATOMIC, MODE_DEAD};
+use crate::sync::{self, AtomicUsize, Mutex, MutexGuard, Ordering};
+use std::fmt;
+
+type ReleaseFn = Box<dyn Fn(&PercpuRef) + Send + Sync + 'static>;
+
+/// A reference count whose get/put scale with cores, with the Linux
+/// kernel's kill semantics.
+///
+/// See the [crate documentation](crate) for the idea, the modes and a map
+/// from kernel functions to these methods.
+///
+/// # Examples
+///
+/// ```
+/// use percpu_ref::PercpuRef;
+/// use std::sync::atomic::{AtomicBool, Ordering};
+/// use std::sync::Arc;
+///
+/// let released = Arc::new(AtomicBool::new(false));
+/// let r = {
+///     let released = released.clone();
+///     PercpuRef::new(move |_| released.store(true, Ordering::SeqCst))
+/// };
+/// r.get(); // percpu mode: touches only this CPU's counter
+/// assert!(r.tryget_live());
+/// r.kill().unwrap(); // drops the base reference; two are still held
+/// assert!(!r.tryget_live());
+/// r.put();
+/// assert!(!released.load(Ordering::SeqCst));
+/// r.put(); // the last one
+/// assert!(released.load(Ordering::SeqCst));
+/// assert!(r.is_zero());
+/// ```
+pub struct PercpuRef {
+    /// `MODE_ATOMIC` / `MODE_DEAD`; written only under `switch`.
+    mode: AtomicUsize,
+    counters: Counters,
+    count: AtomicCount,
+    switch: Mutex<SwitchState>,
+    /// The thread holding `switch`, to turn re-entry from `confirm` into a
+    /// panic instead of a deadlock. Diagnostic only: not part of the
+    /// protocol, so it is a plain std atomic even under loom.
+    switch_owner: std::sync::atomic::AtomicUsize,
+    release: ReleaseFn,
+}
+
+/// What the kernel keeps in `percpu_ref_data` besides the count.
+struct SwitchState {
+    /// Sticky: set by `switch_to_atomic`, cleared by `switch_to_percpu`.
+    force_atomic: bool,
+    allow_reinit: bool,
+}
+
+/// The switch lock, with the owner recorded for re-entry detection.
+struct SwitchGuard<'a> {
+    r: &'a PercpuRef,
+    state: MutexGuard<'a, SwitchState>,
+}
+
+impl Drop for SwitchGuard<'_> {
+    fn drop(&mut self) {
+        self.r
+            .switch_owner
+            .store(0, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+/// What a completed switch to atomic mode left for its caller.
+#[must_use]
+struct AtomicSwitch {
+    /// The temporary reference taken in step 2 (absent when the ref was
+    /// already atomic), still to be put.
+    temp_ref: bool,
+    /// The true count, when the fold found it negative (an underflow).
+    underflow: Option<i64>,
+}
+
+/// The outcome of puts made under the switch lock, acted on after unlock.
+#[derive(Default)]
+#[must_use]
+struct Deferred {
+    release: bool,
+    panic: Option<String>,
+}
+
+impl PercpuRef {
+    /// A ref in percpu mode holding one (base) reference, on the process's
+    /// default [`backend`](crate::backend). `release` runs when the count
+    /// reaches zero, which can only happen after [`kill`](Self::kill).
+    pub fn new(release: impl Fn(&PercpuRef) + Send + Sync + 'static) -> Self {
+        Self::with_flags(release, InitFlags::empty())
+    }
+
+    /// A ref made with the kernel's init flags (see [`InitFlags`]).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use percpu_ref::{InitFlags, PercpuRef};
+    /// let r = PercpuRef::with_flags(|_| {}, InitFlags::INIT_DEAD);
+    /// assert!(r.is_zero() && r.is_dying());
+    /// assert!(!r.tryget());
+    /// r.reinit().unwrap(); // alive again, count 1, percpu mode
+    /// assert!(r.is_percpu() && r.tryget_live());
+    /// ```
+    pub fn with_flags(
+        release: impl Fn(&PercpuRef) + Send + Sync + 'static,
+        flags: InitFlags,
+    ) -> Self {
+        match Self::with_backend(release, flags, backend()) {
+            Ok(r) => r,
+            Err(e) => panic!("{e}"),
+        }
+    }
+
+    /// A ref on a chosen per-CPU backend, for comparing backends side by
+    /// side. Fails when `backend` cannot run in this process.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use percpu_ref::{Backend, InitFlags, PercpuRef};
+    /// let r = PercpuRef::with_backend(|_| {}, InitFlags::empty(), Backend::Sharded).unwrap();
+    /// assert_eq!(r.backend(), Backend::Sharded);
+    /// ```
+    pub fn with_backend(
+        release: impl Fn(&PercpuRef) + Send + Sync + 'static,
+        flags: InitFlags,
+        backend: Backend,
+    ) -> Result<Self, Error> {
+        if !backend.is_available() {
+            return Err(Error::BackendUnavailable(backend));
+        }
+        let atomic = flags.contains(InitFlags::INIT_ATOMIC) || flags.contains(InitFlags::INIT_DEAD);
+        let dead = flags.contains(InitFlags::INIT_DEAD);
+        let mode = if dead {
+            MODE_ATOMIC | MODE_DEAD
+        } else if atomic {
+            MODE_ATOMIC
+        } else {
+            0
+        };
+        let base = u64::from(!dead);
+        let count = if atomic { base } else { BIAS + base };
+        Ok(PercpuRef {
+            mode: AtomicUsize::new(mode),
+            counters: Counters::new(backend),
+            count: AtomicCount::new(count),
+            switch: Mutex::new(SwitchState {
+                force_atomic: flags.contains(InitFlags::INIT_ATOMIC),
+                allow_reinit: atomic || flags.contains(InitFlags::ALLOW_REINIT),
+            }),
+            switch_owner: std::sync::atomic::AtomicUsize::new(0),
+            release: Box::new(release),
+        })
+    }
+
+    // ----- get / put --------------------------------------------------------
+
+    /// Takes a reference. The caller must already hold one.
+    ///
+    /// # Panics
+    ///
+    /// If the count is zero (the ref was released): that is a use after
+    /// release; use [`tryget`](Self::tryget) to take a first reference.
+    #[inline]
+    pub fn get(&self) {
+        self.get_many(1)
+    }
+
+    /// Takes `n` references. The caller must already hold one.
+    ///
+    /// # Panics
+    ///
+    /// If the count is zero, or `n` is above 2^62 - 1.
+    #[inline]
+    pub fn get_many(&self, n: usize) {
+        let n = checked_n("get_many", n);
+        if n != 0 && !self.counters.try_add(&self.mode, n) {
+            self.get_atomic(n);
+        }
+    }
+
+    #[inline(never)]
+    fn get_atomic(&self, n: u64) {
+        if !self.count.add_unless_zero(n) {
+            panic!(
+                "percpu_ref::get_many({n}): the count is 0 (the ref was released); \
+                 get needs a reference already held, use tryget"
+            );
+        }
+    }
+
+    /// Drops a reference; the last one runs `release`.
+    ///
+    /// # Panics
+    ///
+    /// On an underflow (more puts than gets) found in atomic mode; the count
+    /// is left unchanged. In percpu mode an underflow is only found by the
+    /// next switch to atomic mode.
+    #[inline]
+    pub fn put(&self) {
+        self.put_many(1)
+    }
+
+    /// Drops `n` references; the last one runs `release`.
+    ///
+    /// # Panics
+    ///
+    /// As [`put`](Self::put), or if `n` is above 2^62 - 1.
+    #[inline]
+    pub fn put_many(&self, n: usize) {
+        let n = checked_n("put_many", n);
+        if n != 0 && !self.counters.try_add(&self.mode, n.wrapping_neg()) {
+            self.put_atomic(n);
+        }
+    }
+
+    #[inline(never)]
+    fn put_atomic(&self, n: u64) {
+        match self.count.sub(n) {
+            PutOutcome::Alive => {}
+            PutOutcome::ReachedZero => (self.release)(self),
+            PutOutcome::Underflow { count } => {
+                panic!("{}", underflow_message("put_many", n, count))
+            }
+        }
+    }
+
+    /// Takes a reference unless the count is zero.
+    #[inline]
+    pub fn tryget(&self) -> bool {
+        self.tryget_many(1)
+    }
+
+    /// Takes `n` references unless the count is zero.
+    ///
+    /// # Panics
+    ///
+    /// If `n` is above 2^62 - 1.
+    #[inline]
+    pub fn tryget_many(&self, n: usize) -> bool {
+        let n = checked_n("tryget_many", n);
+        self.counters.try_add(&self.mode, n) || self.count.add_unless_zero(n)
+    }
+
+    /// Takes a reference unless the ref is dead (killed) or its count is
+    /// zero. Once a `kill_and_confirm`'s confirm has run, no `tryget_live`
+    /// that starts afterwards on any thread succeeds.
+    #[inline]
+    pub fn tryget_live(&self) -> bool {
+        self.counters.try_add(&self.mode, 1) || self.tryget_live_atomic()
+    }
+
+    #[inline(never)]
+    fn tryget_live_atomic(&self) -> bool {
+        self.mode.load(Ordering::Acquire) & MODE_DEAD == 0 && self.count.add_unless_zero(1)
+    }
+
+    // ----- kill -------------------------------------------------------------
+
+    /// Kills the ref: no `tryget_live` succeeds any more, the ref switches to
+    /// atomic mode, and the base reference is dropped (releasing the ref if
+    /// it was the last one). Returns once the switch is complete.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::AlreadyDead`] if the ref is already dead; nothing changes.
+    pub fn kill(&self) -> Result<(), Error> {
+        self.kill_and_confirm(|_| {})
+    }
+
+    /// As [`kill`](Self::kill), running `confirm` once the ref is atomic and
+    /// no `tryget_live` can succeed; `release` (if due) runs after it.
+    ///
+    /// `confirm` runs on the calling thread before this returns, with the
+    /// switch lock held: it may get, put and tryget on this ref, but a switch
+    /// operation (kill, switch, reinit, resurrect) on the same ref panics.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::AlreadyDead`] if the ref is already dead; `confirm` is not
+    /// run and nothing changes.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use percpu_ref::PercpuRef;
+    /// let r = PercpuRef::new(|_| {});
+    /// r.kill_and_confirm(|r| assert!(!r.tryget_live())).unwrap();
+    /// assert!(r.kill().is_err());
+    /// ```
+    pub fn kill_and_confirm(&self, confirm: impl FnOnce(&PercpuRef)) -> Result<(), Error> {
+        let mut g = self.lock_switch("kill_and_confirm");
+        let mode = self.mode();
+        if mode & MODE_DEAD != 0 {
+            return Err(Error::AlreadyDead {
+                op: "kill_and_confirm",
+            });
+        }
+        self.mode.store(mode | MODE_DEAD, Ordering::Release);
+        let switch = self.switch_to_atomic_locked(&mut g, Some(confirm));
+        let mut deferred = Deferred::default();
+        self.put_locked(&mut deferred, "kill_and_confirm (base reference)");
+        self.finish_atomic_switch(&mut deferred, switch, "kill_and_confirm");
+        drop(g);
+        self.run_deferred(deferred);
+        Ok(())
+    }
+
+    // ----- mode switches ----------------------------------------------------
+
+    /// Switches to atomic mode and keeps the ref there (sticky) until
+    /// [`switch_to_percpu`](Self::switch_to_percpu). Returns when the switch
+    /// is complete: the kernel's `percpu_ref_switch_to_atomic_sync`.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use percpu_ref::{InitFlags, PercpuRef};
+    /// let r = PercpuRef::with_flags(|_| {}, InitFlags::ALLOW_REINIT);
+    /// r.get();
+    /// r.switch_to_atomic();
+    /// assert_eq!(r.atomic_count(), Some(2));
+    /// r.switch_to_percpu().unwrap();
+    /// assert!(r.is_percpu());
+    /// ```
+    pub fn switch_to_atomic(&self) {
+        self.switch_to_atomic_and_confirm(|_| {})
+    }
+
+    /// The kernel's name for [`switch_to_atomic`](Self::switch_to_atomic)
+    /// (every switch here is synchronous).
+    pub fn switch_to_atomic_sync(&self) {
+        self.switch_to_atomic()
+    }
+
+    /// As [`switch_to_atomic`](Self::switch_to_atomic), running `confirm`
+    /// once the switch is complete (immediately if already atomic), as the
+    /// kernel's `percpu_ref_switch_to_atomic(ref, confirm)`. Same rules for
+    /// `confirm` as [`kill_and_confirm`](Self::kill_and_confirm).
+    pub fn switch_to_atomic_and_confirm(&self, confirm: impl FnOnce(&PercpuRef)) {
+        let mut g = self.lock_switch("switch_to_atomic");
+        g.state.force_atomic = true;
+        let switch = self.switch_to_atomic_locked(&mut g, Some(confirm));
+        let mut deferred = Deferred::default();
+        self.finish_atomic_switch(&mut deferred, switch, "switch_to_atomic");
+        drop(g);
+        self.run_deferred(deferred);
+    }
+
+    /// Clears the sticky atomic mode and goes back to percpu mode, unless the
+    /// ref is dead (then it goes percpu when revived).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::ReinitNotAllowed`] when the ref is atomic and was made
+    /// without `ALLOW_REINIT`; nothing changes.
+    pub fn switch_to_percpu(&self) -> Result<(), Error> {
+        let mut g = self.lock_switch("switch_to_percpu");
+        let mode = self.mode();
+        if mode & MODE_ATOMIC == 0 {
+            return Ok(());
+        }
+        if !g.state.allow_reinit {
+            return Err(Error::ReinitNotAllowed {
+                op: "switch_to_percpu",
+            });
+        }
+        g.state.force_atomic = false;
+        if mode & MODE_DEAD == 0 {
+            self.switch_to_percpu_locked();
+        }
+        Ok(())
+    }
+
+    // ----- revival ----------------------------------------------------------
+
+    /// Brings a killed ref back to life: clears dead, takes a new base
+    /// reference, and returns to percpu mode unless forced atomic. The count
+    /// need not be zero (outstanding references stay counted).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::NotDead`] if the ref is not dead; [`Error::ReinitNotAllowed`]
+    /// if it would go back to percpu mode and was made without
+    /// `ALLOW_REINIT`. Nothing changes on error.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use percpu_ref::{InitFlags, PercpuRef};
+    /// let r = PercpuRef::with_flags(|_| {}, InitFlags::ALLOW_REINIT);
+    /// r.get();
+    /// r.kill().unwrap();
+    /// r.resurrect().unwrap();
+    /// assert!(r.tryget_live() && r.is_percpu());
+    /// ```
+    pub fn resurrect(&self) -> Result<(), Error> {
+        let mut g = self.lock_switch("resurrect");
+        if self.mode() & MODE_DEAD == 0 {
+            return Err(Error::NotDead { op: "resurrect" });
+        }
+        self.revive_locked(&mut g, "resurrect")
+    }
+
+    /// Re-initialises a ref whose count is zero: as
+    /// [`resurrect`](Self::resurrect), but requires the count to be zero
+    /// (the ref need not be dead).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::NotZero`] if the count is not zero;
+    /// [`Error::ReinitNotAllowed`] as for `resurrect`. Nothing changes on
+    /// error.
+    pub fn reinit(&self) -> Result<(), Error> {
+        let mut g = self.lock_switch("reinit");
+        if self.mode() & MODE_ATOMIC == 0 {
+            return Err(Error::NotZero {
+                op: "reinit",
+                count: None,
+            });
+        }
+        let count = self.count.load();
+        if count != 0 {
+            return Err(Error::NotZero {
+                op: "reinit",
+                count: Some(count),
+            });
+        }
+        self.revive_locked(&mut g, "reinit")
+    }
+
+    fn revive_locked(&self, g: &mut SwitchGuard<'_>, op: &'static str) -> Result<(), Error> {
+        if !g.state.allow_reinit && !g.state.force_atomic {
+            return Err(Error::ReinitNotAllowed { op });
+        }
+        self.mode.store(self.mode() & !MODE_DEAD, Ordering::Release);
+        self.count.add(1);
+        if !g.state.force_atomic {
+            self.switch_to_percpu_locked();
+        }
+        Ok(())
+    }
+
+    // ----- queries ----------------------------------------------------------
+
+    /// True when the ref is in atomic mode with a count of zero (released,
+    /// or made with `INIT_DEAD`). Always false in percpu mode.
+    pub fn is_zero(&self) -> bool {
+        self.mode.load(Ordering::Acquire) & MODE_ATOMIC != 0 && self.count.load() == 0
+    }
+
+    /// True once the ref was killed (until revived).
+    pub fn is_dying(&self) -> bool {
+        self.mode.load(Ordering::Acquire) & MODE_DEAD != 0
+    }
+
+    /// True while get/put count per CPU.
+    pub fn is_percpu(&self) -> bool {
+        self.mode.load(Ordering::Acquire) & MODE_ATOMIC == 0
+    }
+
+    /// The count in atomic mode, `None` in percpu mode or while a switch to
+    /// atomic is folding the per-CPU counts in. The value can be stale as
+    /// soon as it is returned; it is meant for diagnostics and tests.
+    pub fn atomic_count(&self) -> Option<u64> {
+        if self.is_percpu() {
+            return None;
+        }
+        let c = self.count.load();
+        (c <= MAX_COUNT).then_some(c)
+    }
+
+    /// The per-CPU backend this ref counts on.
+    pub fn backend(&self) -> Backend {
+        self.counters.backend()
+    }
+
+    /// Bytes of per-CPU counter storage this ref owns.
+    pub fn percpu_bytes(&self) -> usize {
+        self.counters.storage_bytes()
+    }
+
+    // ----- internals --------------------------------------------------------
+
+    /// The mode word, read by the switch-lock holder (its only writer).
+    fn mode(&self) -> usize {
+        self.mode.load(Ordering::Relaxed)
+    }
+
+    fn lock_switch(&self, op: &'static str) -> SwitchGuard<'_> {
+        let me = sync::thread_token();
+        if self.switch_owner.load(std::sync::atomic::Ordering::Relaxed) == me {
+            panic!(
+                "percpu_ref::{op} called from inside a confirm callback on the same ref: \
+                 switches are serialised, so this would deadlock"
+            );
+        }
+        let state = sync::lock(&self.switch);
+        self.switch_owner
+            .store(me, std::sync::atomic::Ordering::Relaxed);
+        SwitchGuard { r: self, state }
+    }
+
+    /// Steps 1-5 of the switch to atomic mode, except dropping the temporary
+    /// reference, which the caller does under the lock via
+    /// [`finish_atomic_switch`](Self::finish_atomic_switch).
+    fn switch_to_atomic_locked<F: FnOnce(&PercpuRef)>(
+        &self,
+        _g: &mut SwitchGuard<'_>,
+        confirm: Option<F>,
+    ) -> AtomicSwitch {
+        let mode = self.mode();
+        if mode & MODE_ATOMIC != 0 {
+            if let Some(confirm) = confirm {
+                confirm(self);
+            }
+            return AtomicSwitch {
+                temp_ref: false,
+                underflow: None,
+            };
+        }
+        self.mode.store(mode | MODE_ATOMIC, Ordering::Release);
+        self.count.add(1);
+        let sum = self.counters.seal_and_sum();
+        let folded = signed(self.count.fold_percpu_sum(sum));
+        // `folded` includes the temporary reference: a correct count is >= 1.
+        let underflow = (folded < 1).then_some(folded - 1);
+        if let Some(confirm) = confirm {
+            confirm(self);
+        }
+        AtomicSwitch {
+            temp_ref: true,
+            underflow,
+        }
+    }
+
+    fn finish_atomic_switch(&self, d: &mut Deferred, s: AtomicSwitch, op: &str) {
+        if let Some(count) = s.underflow {
+            d.panic.get_or_insert(format!(
+                "percpu_ref::{op}: count underflow found when switching to atomic mode: \
+                 the count is {count} (more puts than gets)"
+            ));
+        }
+        if s.temp_ref {
+            self.put_locked(d, op);
+        }
+    }
+
+    /// One put under the switch lock; release and panics are deferred.
+    fn put_locked(&self, d: &mut Deferred, op: &str) {
+        match self.count.sub(1) {
+            PutOutcome::Alive => {}
+            PutOutcome::ReachedZero => d.release = true,
+            PutOutcome::Underflow { count } => {
+                d.panic.get_or_insert(underflow_message(op, 1, count));
+            }
+        }
+    }
+
+    fn run_deferred(&self, d: Deferred) {
+        if d.release {
+            (self.release)(self);
+        }
+        if let Some(msg) = d.panic {
+            panic!("{msg}");
+        }
+    }
+
+    /// Back to percpu mode; the caller checked `allow_reinit` and that the
+    /// ref is atomic, alive and not forced atomic.
+    fn switch_to_percpu_locked(&self) {
+        let mode = self.mode();
+        if mode & MODE_ATOMIC == 0 {
+            return;
+        }
+        self.count.add_bias();
+        self.counters.reset();
+        // Release: a percpu op that reads the cleared bit sees zeroed counters.
+        self.mode.store(mode & !MODE_ATOMIC, Ordering::Release);
+    }
+}
+
+impl fmt::Debug for PercpuRef {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mode = self.mode.load(Ordering::Acquire);
+        f.debug_struct("PercpuRef")
+            .field(
+                "mode",
+                &if mode & MODE_ATOMIC == 0 {
+                    "percpu"
+                } else {
+                    "atomic"
+                },
+            )
+            .field("dead", &(mode & MODE_DEAD != 0))
+            .field("atomic_count", &self.atomic_count())
+            .field("backend", &self.backend())
+            .finish()
+    }
+}
+
+fn checked_n(op: &str, n: usize) -> u64 {
+    let n = n as u64;
+    if n > MAX_COUNT {
+        panic!("percpu_ref::{op}({n}): n is above the largest count, 2^62 - 1");
+    }
+    n
+}
+
+fn underflow_message(op: &str, n: u64, count: u64) -> String {
+    format!(
+        "percpu_ref::{op}: count underflow: putting {n} with the count at {count} \
+         (more puts than gets); the count is left at {count}"
+    )
+}

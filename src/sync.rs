@@ -1,0 +1,40 @@
+//! The one place that chooses between `std` and `loom` primitives.
+//!
+//! Every other module imports its atomics, locks and thread-locals from
+//! here (the tokio `sync` pattern), so that under `--cfg loom` the model
+//! checker sees every shared-memory access the protocol makes. Nothing
+//! outside this module names `std::sync::atomic` or `loom` directly.
+
+#[cfg(loom)]
+pub(crate) use loom::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+#[cfg(loom)]
+pub(crate) use loom::sync::{Mutex, MutexGuard};
+
+#[cfg(not(loom))]
+pub(crate) use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+#[cfg(not(loom))]
+pub(crate) use std::sync::{Mutex, MutexGuard};
+
+/// Locks `m`, ignoring poisoning.
+///
+/// The switch state stays consistent even when a user callback panics
+/// while the lock is held (every field is written before callbacks run),
+/// so a poisoned lock carries no broken invariant.
+pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    match m.lock() {
+        Ok(g) => g,
+        Err(poisoned) => poisoned.into_inner(),
+    }
+}
+
+/// A small number that identifies the calling thread while it lives.
+///
+/// Used to detect a switch operation called from inside its own confirm
+/// callback (which would otherwise deadlock on the switch lock).
+pub(crate) fn thread_token() -> usize {
+    #[cfg(loom)]
+    loom::thread_local! { static TOKEN: u8 = 0; }
+    #[cfg(not(loom))]
+    std::thread_local! { static TOKEN: u8 = 0; }
+    TOKEN.with(|t| t as *const u8 as usize)
+}
