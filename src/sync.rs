@@ -8,12 +8,16 @@
 #[cfg(loom)]
 pub(crate) use loom::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 #[cfg(loom)]
-pub(crate) use loom::sync::{Mutex, MutexGuard};
+pub(crate) use loom::sync::{Condvar, Mutex, MutexGuard};
+#[cfg(loom)]
+pub(crate) use loom::thread_local;
 
 #[cfg(not(loom))]
 pub(crate) use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 #[cfg(not(loom))]
-pub(crate) use std::sync::{Mutex, MutexGuard};
+pub(crate) use std::sync::{Condvar, Mutex, MutexGuard};
+#[cfg(not(loom))]
+pub(crate) use std::thread_local;
 
 /// Locks `m`, ignoring poisoning.
 ///
@@ -35,6 +39,6 @@ pub(crate) fn thread_token() -> usize {
     #[cfg(loom)]
     loom::thread_local! { static TOKEN: u8 = 0; }
     #[cfg(not(loom))]
-    std::thread_local! { static TOKEN: u8 = 0; }
+    std::thread_local! { static TOKEN: u8 = const { 0 }; }
     TOKEN.with(|t| t as *const u8 as usize)
 }
