@@ -103,10 +103,12 @@
 
 mod atomic_mode;
 mod flags;
+pub mod owned;
 pub mod percpu;
 mod percpu_ref;
 mod sync;
 
 pub use flags::{Error, InitFlags};
+pub use owned::{FreezeTimeout, Frozen, Killed, Owner, Ref, Weak};
 pub use percpu::{backend, possible_cpus, Backend};
 pub use percpu_ref::PercpuRef;

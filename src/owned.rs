@@ -1,0 +1,1334 @@
+//! An owning layer over [`PercpuRef`]: the type system does the counting and
+//! `T`'s lifetime follows the count.
+//!
+//! # The types
+//!
+//! | type | holds | kernel analogue |
+//! |---|---|---|
+//! | [`Owner<T>`] | the base reference and the right to kill or freeze | the object's creator holding `percpu_ref_init`'s reference |
+//! | [`Ref<T>`] | one counted reference; derefs to `T` | a reference taken with `percpu_ref_get` |
+//! | [`Weak<T>`] | the allocation only, not `T` | a pointer in an RCU-protected lookup table |
+//! | [`Killed<T>`] | the owner's claim on `T` after [`Owner::kill`] | the waiter on `release` |
+//! | [`Frozen<'_, T>`] | `&mut T` while no reference exists | `blk_mq_freeze_queue` .. `blk_mq_unfreeze_queue` |
+//!
+//! `Ref::clone` is a percpu get and `Ref`'s drop a put; nothing else happens
+//! on those paths in percpu mode (see *Cost* below).
+//!
+//! # Which pattern when
+//!
+//! - **Hot shared object** — many threads read one long-lived object
+//!   (a device, a table, a configuration) and clone handles to it often:
+//!   hand out [`Ref`]s from the [`Owner`]; kill when done and
+//!   [`wait`](Killed::wait) for the last user to get `T` back.
+//! - **Lookup table** — objects are found by key and may be going away:
+//!   store [`Weak`]s in the table and turn a hit into a reference with
+//!   [`Weak::tryget_live`], which fails as soon as the object was killed
+//!   (as `css_tryget_online`). Use [`Weak::tryget`] for "alive or dying,
+//!   but not yet released" (as `css_tryget`).
+//! - **Freeze / unfreeze** — an object is used through references all the
+//!   time but must sometimes be changed with nobody looking (the block
+//!   layer's queue freeze around an elevator switch): [`Owner::freeze`]
+//!   kills, drains, and hands out `&mut T`; dropping the [`Frozen`] guard
+//!   brings the object back to percpu mode. [`Owner::freeze_timeout`] gives
+//!   up cleanly when references do not drain.
+//!
+//! Plain `Arc<T>` is the better choice when clones are rare or the object
+//! is never killed: a `PercpuRef` costs per-CPU storage and a synchronous
+//! switch (a grace period) to kill.
+//!
+//! # Examples
+//!
+//! A hot shared object, killed and drained:
+//!
+//! ```
+//! use percpu_ref::owned::Owner;
+//!
+//! let owner = Owner::new(vec![1u64, 2, 3]);
+//! let workers: Vec<_> = (0..4)
+//!     .map(|_| {
+//!         let r = owner.get(); // a counted reference
+//!         std::thread::spawn(move || {
+//!             let mut sum = 0;
+//!             for _ in 0..1000 {
+//!                 let r2 = r.clone(); // percpu get
+//!                 sum += r2.iter().sum::<u64>();
+//!             } // percpu put
+//!             sum
+//!         })
+//!     })
+//!     .collect();
+//! let killed = owner.kill(); // no new live references from here on
+//! for w in workers {
+//!     assert_eq!(w.join().unwrap(), 6000);
+//! }
+//! assert_eq!(killed.wait(), vec![1, 2, 3]); // every reference is gone
+//! ```
+//!
+//! A lookup table of [`Weak`]s (a lock-free table would store them the same
+//! way, read under a crossbeam-epoch guard):
+//!
+//! ```
+//! use percpu_ref::owned::{Owner, Weak};
+//! use std::collections::HashMap;
+//! use std::sync::RwLock;
+//!
+//! let table: RwLock<HashMap<u32, Weak<String>>> = RwLock::new(HashMap::new());
+//! let dev = Owner::new(String::from("sda"));
+//! table.write().unwrap().insert(8, dev.downgrade());
+//!
+//! let lookup = |id| table.read().unwrap().get(&id).and_then(|w| w.tryget_live());
+//! assert_eq!(lookup(8).as_deref().map(String::as_str), Some("sda"));
+//!
+//! let killed = dev.kill(); // the device goes away
+//! assert!(lookup(8).is_none()); // no new users, even before it is freed
+//! table.write().unwrap().remove(&8);
+//! assert_eq!(killed.wait(), "sda");
+//! ```
+//!
+//! Freeze / unfreeze:
+//!
+//! ```
+//! use percpu_ref::owned::Owner;
+//! use std::time::Duration;
+//!
+//! let mut queue = Owner::new(String::from("mq-deadline"));
+//! let weak = queue.downgrade();
+//! {
+//!     let mut frozen = queue.freeze(); // waits until no Ref exists
+//!     assert!(weak.tryget_live().is_none()); // and none can be made
+//!     frozen.replace_range(.., "bfq"); // exclusive access
+//! } // unfreeze: percpu mode again
+//! assert_eq!(*weak.tryget_live().unwrap(), "bfq");
+//!
+//! let busy = queue.get();
+//! assert!(queue.freeze_timeout(Duration::from_millis(10)).is_err()); // undone
+//! assert_eq!(*weak.tryget_live().unwrap(), "bfq"); // live again
+//! drop(busy);
+//! ```
+//!
+//! # Algorithm
+//!
+//! One heap block holds the [`PercpuRef`], an allocation count, the
+//! release state (a mutex and a condition variable) and `T`. Two counts
+//! keep two different things alive:
+//!
+//! - the **percpu count** keeps `T` alive: every [`Ref`] is one reference,
+//!   the [`Owner`] holds the base reference. When it reaches zero the
+//!   ref's `release` callback runs: it drops `T`, or, when an owner-side
+//!   handle has *claimed* `T` ([`Killed`], or a freeze in progress), marks
+//!   the block released and wakes the waiter, who then takes `T`.
+//! - the **allocation count** keeps the block alive. It holds one unit per
+//!   [`Weak`], one for the owner side ([`Owner`] or [`Killed`]), and one
+//!   on behalf of the whole percpu count while it is above zero. A
+//!   [`Ref`] therefore needs no unit of its own, which is what makes
+//!   cloning a `Ref` a bare percpu get.
+//!
+//! The percpu count's unit is dropped after `release`, but not *inside* it:
+//! `release` runs inside a [`PercpuRef`] method whose `&self` points into the
+//! block, so freeing the block there would pull memory from under a live
+//! borrow. `release` instead records the unit as owed by this thread, and
+//! the wrapper that made the call (a `Ref`'s drop, a kill) pays it as soon
+//! as the `PercpuRef` call has returned.
+//!
+//! A freeze revives the ref with `PercpuRef::resurrect`; it first gives
+//! the percpu count its allocation unit back (the release of the previous
+//! life dropped it).
+//!
+//! # Invariants
+//!
+//! 1. `T` is alive whenever the percpu count is above zero; the count is
+//!    above zero while any `Ref` exists or the owner is live (not killed,
+//!    not frozen).
+//! 2. After the count reached zero in a life, it stays zero until the
+//!    owner revives it (unfreeze); nothing else can revive it, and
+//!    `tryget`/`tryget_live` fail at zero.
+//! 3. `T` is dropped or moved out exactly once: by `release` when nobody
+//!    claimed it, else by the claimant after `release` (decided under the
+//!    state mutex, which both sides take).
+//! 4. The block is freed exactly once, by whoever drops the last
+//!    allocation unit, after `T` is gone.
+//!
+//! # Cost
+//!
+//! `Ref::clone` compiles to `PercpuRef::get` and nothing else: no second
+//! atomic, because the percpu count itself keeps the allocation alive.
+//! `Ref`'s drop is `PercpuRef::put` plus a read of one thread-local slot
+//! (the owed unit, almost always empty).
+//!
+//! # Caveats
+//!
+//! - If `T`'s `Drop` panics inside `release`, the block leaks (as with
+//!   `Arc`).
+//! - Leaking a [`Frozen`] guard (`mem::forget`) leaves the object frozen
+//!   for good: [`Owner::get`] then panics, lookups fail, and `T` is dropped
+//!   with the owner.
+
+use crate::flags::{Error, InitFlags};
+use crate::percpu::Backend;
+use crate::percpu_ref::PercpuRef;
+use crate::sync::{self, AtomicUsize, Condvar, Mutex, Ordering};
+use std::cell::{Cell, UnsafeCell};
+use std::fmt;
+use std::marker::PhantomData;
+use std::mem::{ManuallyDrop, MaybeUninit};
+use std::ops::{Deref, DerefMut};
+use std::ptr::NonNull;
+use std::time::{Duration, Instant};
+
+// ----- the shared block -----------------------------------------------------
+
+/// The one allocation behind every handle.
+struct Inner<T> {
+    pref: PercpuRef,
+    /// Allocation units: one per `Weak`, one for the owner side, one for the
+    /// percpu count while it is above zero.
+    units: AtomicUsize,
+    state: Mutex<State>,
+    released_cv: Condvar,
+    value: UnsafeCell<ManuallyDrop<T>>,
+}
+
+/// What `release` and the owner side agree on, under `Inner::state`.
+struct State {
+    /// The percpu count reached zero in this life and `release` has run.
+    released: bool,
+    /// An owner-side handle will take `T` after release (`Killed`, or a
+    /// freeze in progress); `release` must leave `T` alone.
+    claimed: bool,
+}
+
+impl<T> Inner<T> {
+    /// `release`: the percpu count reached zero.
+    fn on_release(&self) {
+        let mut s = sync::lock(&self.state);
+        s.released = true;
+        if s.claimed {
+            self.released_cv.notify_all();
+            return;
+        }
+        drop(s);
+        // SAFETY: the count is zero, so no `Ref` exists (invariant 1) and
+        // none can be made (invariant 2: the owner side, the only reviver,
+        // is gone since nobody claimed `T`). Nobody else drops `T`
+        // (invariant 3: unclaimed, decided under the state lock).
+        unsafe { self.drop_value() }
+    }
+
+    /// Waits until `release` has run, or until `deadline`; true if released.
+    fn wait_released(&self, deadline: Option<Instant>) -> bool {
+        let mut s = sync::lock(&self.state);
+        loop {
+            if s.released {
+                return true;
+            }
+            s = match deadline {
+                None => self.released_cv.wait(s).unwrap_or_else(|p| p.into_inner()),
+                Some(d) => {
+                    let now = Instant::now();
+                    if now >= d {
+                        return false;
+                    }
+                    match self.released_cv.wait_timeout(s, d - now) {
+                        Ok((g, _)) => g,
+                        Err(p) => p.into_inner().0,
+                    }
+                }
+            };
+        }
+    }
+
+    fn is_released(&self) -> bool {
+        sync::lock(&self.state).released
+    }
+
+    /// Drops `T` in place.
+    ///
+    /// # Safety
+    ///
+    /// `T` is alive, no reference to it exists, and nobody else will drop or
+    /// take it.
+    unsafe fn drop_value(&self) {
+        // SAFETY: as the caller promised.
+        unsafe { ManuallyDrop::drop(&mut *self.value.get()) }
+    }
+
+    /// Moves `T` out.
+    ///
+    /// # Safety
+    ///
+    /// As [`drop_value`](Self::drop_value).
+    unsafe fn take_value(&self) -> T {
+        // SAFETY: as the caller promised.
+        unsafe { ManuallyDrop::take(&mut *self.value.get()) }
+    }
+}
+
+/// A type-erased pointer to an `Inner<T>` with one of its functions.
+#[derive(Clone, Copy)]
+struct Erased {
+    ptr: *const (),
+    func: unsafe fn(*const ()),
+}
+
+// SAFETY: an `Erased` lives in the release callback (which `PercpuRef`
+// requires to be `Send + Sync`) and in this thread's owed slot. Its function
+// only runs as the release of the block's own `PercpuRef` or to pay an owed
+// unit, i.e. on a thread that made the last put or dropped a handle; the
+// handles' `Send`/`Sync` bounds already allow `T` to be dropped there.
+unsafe impl Send for Erased {}
+// SAFETY: as for `Send`; `Erased` has no interior state.
+unsafe impl Sync for Erased {}
+
+impl Erased {
+    /// # Safety
+    ///
+    /// `func`'s own contract for `ptr`.
+    unsafe fn call(self) {
+        // SAFETY: forwarded to the caller.
+        unsafe { (self.func)(self.ptr) }
+    }
+}
+
+/// The `PercpuRef` release callback for an `Inner<T>` at `e.ptr`. Not
+/// generic, so the callback is `'static` whatever `T`'s lifetime.
+fn release_callback(e: Erased) -> impl Fn(&PercpuRef) + Send + Sync + 'static {
+    // SAFETY: `e` is `release::<T>` for the block that owns this callback's
+    // `PercpuRef`; the block outlives its `PercpuRef` calls.
+    move |_| unsafe { e.call() }
+}
+
+/// `release` for an `Inner<T>`: drop or hand over `T`, and owe the percpu
+/// count's allocation unit.
+///
+/// # Safety
+///
+/// `ptr` is a live `Inner<T>` whose percpu count just reached zero.
+unsafe fn release<T>(ptr: *const ()) {
+    // SAFETY: the percpu count's unit keeps the block alive until it is paid.
+    let inner = unsafe { &*ptr.cast::<Inner<T>>() };
+    inner.on_release();
+    owe_unit(Erased {
+        ptr,
+        func: drop_unit::<T>,
+    });
+}
+
+/// Drops one allocation unit of an `Inner<T>`; the last one frees it.
+///
+/// # Safety
+///
+/// `ptr` is a live `Inner<T>` made by [`alloc`] and the caller owns one
+/// unit, which it gives up.
+unsafe fn drop_unit<T>(ptr: *const ()) {
+    let p = ptr.cast::<Inner<T>>().cast_mut();
+    // SAFETY: the caller's unit keeps the block alive for this access.
+    // AcqRel: the last one must see every access made under other units.
+    if unsafe { (*p).units.fetch_sub(1, Ordering::AcqRel) } == 1 {
+        // SAFETY: that was the last unit: no handle can reach the block, and
+        // `T` is gone (invariant 4), which `ManuallyDrop` leaves alone.
+        drop(unsafe { Box::from_raw(p) });
+        #[cfg(all(test, not(loom)))]
+        tests::LIVE_BLOCKS.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+sync::thread_local! {
+    /// An allocation unit that a `release` on this thread left for the
+    /// wrapper around the `PercpuRef` call to drop.
+    static OWED: Cell<Option<Erased>> = const { Cell::new(None) };
+}
+
+fn owe_unit(u: Erased) {
+    if let Some(old) = OWED.with(|c| c.replace(Some(u))) {
+        // Only after a panic between an earlier release and its wrapper.
+        // SAFETY: `old` is an owed unit of a block other than this one (a
+        // block releases once per life and its wrapper pays at once).
+        unsafe { old.call() }
+    }
+}
+
+/// Pays the unit a `release` during the last `PercpuRef` call owed, if any.
+#[inline]
+fn settle_owed() {
+    if let Some(u) = OWED.with(Cell::take) {
+        settle_owed_slow(u);
+    }
+}
+
+#[cold]
+fn settle_owed_slow(u: Erased) {
+    // SAFETY: a `release` put this unit here; the `PercpuRef` call that ran
+    // it has returned, so nothing borrows the block any more.
+    unsafe { u.call() }
+}
+
+/// Allocates the block for `value` with the owner's and the count's units.
+fn alloc<T>(value: T, backend: Backend) -> Result<NonNull<Inner<T>>, Error> {
+    let slot = Box::into_raw(Box::new(MaybeUninit::<Inner<T>>::uninit())).cast::<Inner<T>>();
+    let callback = release_callback(Erased {
+        ptr: slot.cast_const().cast(),
+        func: release::<T>,
+    });
+    let pref = match PercpuRef::with_backend(callback, InitFlags::ALLOW_REINIT, backend) {
+        Ok(p) => p,
+        Err(e) => {
+            // SAFETY: `slot` came from `Box::into_raw` just above, unwritten.
+            drop(unsafe { Box::from_raw(slot.cast::<MaybeUninit<Inner<T>>>()) });
+            return Err(e);
+        }
+    };
+    // SAFETY: `slot` is a fresh, suitably aligned allocation for `Inner<T>`.
+    unsafe {
+        slot.write(Inner {
+            pref,
+            units: AtomicUsize::new(2),
+            state: Mutex::new(State {
+                released: false,
+                claimed: false,
+            }),
+            released_cv: Condvar::new(),
+            value: UnsafeCell::new(ManuallyDrop::new(value)),
+        })
+    };
+    #[cfg(all(test, not(loom)))]
+    tests::LIVE_BLOCKS.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    // SAFETY: `Box::into_raw` never returns null.
+    Ok(unsafe { NonNull::new_unchecked(slot) })
+}
+
+/// The block behind a handle.
+///
+/// # Safety
+///
+/// The caller's handle holds an allocation unit or a percpu reference.
+#[inline(always)]
+unsafe fn inner<'a, T>(p: NonNull<Inner<T>>) -> &'a Inner<T> {
+    // SAFETY: forwarded to the caller.
+    unsafe { &*p.as_ptr() }
+}
+
+/// Puts one percpu reference, then pays a unit its release left owed.
+///
+/// # Safety
+///
+/// The caller holds one percpu reference on `p` and gives it up.
+#[inline(always)]
+unsafe fn put_ref<T>(p: NonNull<Inner<T>>) {
+    // SAFETY: our reference keeps the count, hence the block, alive.
+    unsafe { (*p.as_ptr()).pref.put() };
+    settle_owed();
+}
+
+// ----- Owner ----------------------------------------------------------------
+
+/// Owns a `T` counted by a [`PercpuRef`]: holds the base reference, hands out
+/// [`Ref`]s and [`Weak`]s, and alone can kill or freeze.
+///
+/// Dropping an `Owner` kills it (no new live references), and `T` is then
+/// dropped by whichever thread drops the last [`Ref`] (this one if there
+/// is none) — the same as `drop(owner.kill())`.
+///
+/// # Examples
+///
+/// ```
+/// use percpu_ref::owned::Owner;
+/// let owner = Owner::new(5);
+/// let r = owner.get();
+/// assert_eq!(*r + *owner, 10);
+/// ```
+pub struct Owner<T> {
+    inner: NonNull<Inner<T>>,
+    /// A `Frozen` guard of this owner was leaked (see the module docs).
+    frozen: bool,
+    _owns: PhantomData<Inner<T>>,
+}
+
+// SAFETY: an `Owner` gives `&T` to every thread that can reach it (so
+// `T: Sync`) and may drop `T` on the thread it is dropped on (`T: Send`),
+// as `Arc<T>`.
+unsafe impl<T: Send + Sync> Send for Owner<T> {}
+// SAFETY: as for `Send`; `&Owner` hands out `Ref`s, which need the same.
+unsafe impl<T: Send + Sync> Sync for Owner<T> {}
+
+impl<T> Owner<T> {
+    /// Puts `value` behind a new ref in percpu mode.
+    pub fn new(value: T) -> Self {
+        match Self::with_backend(value, crate::backend()) {
+            Ok(o) => o,
+            Err(e) => panic!("owned::Owner::new: {e}"),
+        }
+    }
+
+    /// As [`new`](Self::new) on a chosen per-CPU backend; fails (dropping
+    /// `value`) where `backend` cannot run.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use percpu_ref::{owned::Owner, Backend};
+    /// let o = Owner::with_backend('x', Backend::Sharded).unwrap();
+    /// assert_eq!(*o, 'x');
+    /// ```
+    pub fn with_backend(value: T, backend: Backend) -> Result<Self, Error> {
+        Ok(Owner {
+            inner: alloc(value, backend)?,
+            frozen: false,
+            _owns: PhantomData,
+        })
+    }
+
+    fn inner(&self) -> &Inner<T> {
+        // SAFETY: the owner holds an allocation unit.
+        unsafe { inner(self.inner) }
+    }
+
+    /// A new counted reference: a percpu get on the base reference.
+    ///
+    /// # Panics
+    ///
+    /// If a [`Frozen`] guard of this owner was leaked.
+    #[inline]
+    pub fn get(&self) -> Ref<T> {
+        if self.frozen {
+            panic!("owned::Owner::get: the owner is frozen for good (a Frozen guard was leaked)");
+        }
+        self.inner().pref.get();
+        Ref {
+            inner: self.inner,
+            _owns: PhantomData,
+        }
+    }
+
+    /// A lookup handle: keeps the allocation alive, not `T`.
+    pub fn downgrade(&self) -> Weak<T> {
+        Weak::new_unit(self.inner)
+    }
+
+    /// Kills the object: from now on [`Weak::tryget_live`] fails, and the
+    /// returned [`Killed`] says when the last [`Ref`] is gone and hands `T`
+    /// back. Returns once the switch to atomic mode is complete.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use percpu_ref::owned::Owner;
+    /// let owner = Owner::new(String::from("x"));
+    /// let r = owner.get();
+    /// let killed = owner.kill();
+    /// assert!(!killed.is_released());
+    /// let killed = killed.try_take().unwrap_err(); // still referenced
+    /// drop(r);
+    /// assert_eq!(killed.try_take().unwrap(), "x");
+    /// ```
+    pub fn kill(self) -> Killed<T> {
+        let mut this = ManuallyDrop::new(self);
+        this.kill_in_place()
+    }
+
+    /// Kills and turns the owner's unit into the `Killed`'s; the caller must
+    /// not use `self` afterwards.
+    fn kill_in_place(&mut self) -> Killed<T> {
+        if !self.frozen {
+            let inner = self.inner();
+            sync::lock(&inner.state).claimed = true;
+            if let Err(e) = inner.pref.kill() {
+                unreachable!("owned::Owner::kill: a live owner's ref was dead: {e}");
+            }
+            settle_owed();
+        }
+        // Frozen for good: already dead, released and claimed.
+        Killed {
+            inner: self.inner,
+            _owns: PhantomData,
+        }
+    }
+
+    /// Freezes the object: kills it, waits until every [`Ref`] is gone, and
+    /// returns a guard that gives `&mut T`. Dropping the guard unfreezes:
+    /// the object is live and in percpu mode again.
+    ///
+    /// While frozen, [`Weak::tryget`] and [`Weak::tryget_live`] fail. While
+    /// draining, `tryget_live` fails but `tryget` can still succeed (and
+    /// then delays the freeze).
+    ///
+    /// Blocks forever if a reference is never dropped (for example one held
+    /// by this thread); see [`freeze_timeout`](Self::freeze_timeout).
+    ///
+    /// # Panics
+    ///
+    /// If a [`Frozen`] guard of this owner was leaked.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use percpu_ref::owned::Owner;
+    /// let mut o = Owner::new(vec![1]);
+    /// o.freeze().push(2);
+    /// assert_eq!(*o.get(), [1, 2]);
+    /// ```
+    pub fn freeze(&mut self) -> Frozen<'_, T> {
+        match self.freeze_until(None) {
+            Ok(f) => f,
+            Err(FreezeTimeout(())) => {
+                unreachable!("owned::Owner::freeze timed out with no deadline")
+            }
+        }
+    }
+
+    /// As [`freeze`](Self::freeze), giving up after `timeout`: then the
+    /// freeze is undone (the object is live and percpu again, nothing was
+    /// lost) and [`FreezeTimeout`] returned. A zero timeout freezes only if
+    /// no reference exists now, without blocking.
+    ///
+    /// # Errors
+    ///
+    /// [`FreezeTimeout`] if references remained after `timeout`.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use percpu_ref::owned::Owner;
+    /// use std::time::Duration;
+    /// let mut o = Owner::new(0);
+    /// let r = o.get();
+    /// assert!(o.freeze_timeout(Duration::ZERO).is_err());
+    /// drop(r);
+    /// *o.freeze_timeout(Duration::ZERO).unwrap() += 1;
+    /// assert_eq!(*o, 1);
+    /// ```
+    pub fn freeze_timeout(&mut self, timeout: Duration) -> Result<Frozen<'_, T>, FreezeTimeout> {
+        // A deadline too far to represent is no deadline.
+        self.freeze_until(Instant::now().checked_add(timeout))
+    }
+
+    fn freeze_until(&mut self, deadline: Option<Instant>) -> Result<Frozen<'_, T>, FreezeTimeout> {
+        if self.frozen {
+            panic!(
+                "owned::Owner::freeze: the owner is frozen for good (a Frozen guard was leaked)"
+            );
+        }
+        let inner = self.inner();
+        sync::lock(&inner.state).claimed = true;
+        if let Err(e) = inner.pref.kill() {
+            unreachable!("owned::Owner::freeze: a live owner's ref was dead: {e}");
+        }
+        settle_owed();
+        if !inner.wait_released(deadline) {
+            if self.undo_freeze() {
+                return Err(FreezeTimeout(()));
+            }
+            // The count reached zero while we gave up: the releasing put is
+            // in flight and its `release` follows at once.
+            self.inner().wait_released(None);
+        }
+        self.frozen = true;
+        Ok(Frozen { owner: self })
+    }
+
+    /// Revives a freeze that did not drain; false when it cannot because
+    /// the count already reached zero (the freeze then completes).
+    fn undo_freeze(&self) -> bool {
+        let inner = self.inner();
+        // Hold a reference of our own so the count cannot reach zero (and
+        // `release` cannot run) while we revive.
+        if !inner.pref.tryget() {
+            return false;
+        }
+        if let Err(e) = inner.pref.resurrect() {
+            unreachable!("owned::Owner::freeze_timeout: the killed ref was not dead: {e}");
+        }
+        sync::lock(&inner.state).claimed = false;
+        // The base reference is back, so this put is never the last.
+        inner.pref.put();
+        true
+    }
+
+    /// Ends a freeze: a new life in percpu mode.
+    fn unfreeze(&mut self) {
+        let inner = self.inner();
+        // The count's unit for the new life (the last release dropped it);
+        // the owner's unit keeps the block alive, so Relaxed as Arc::clone.
+        inner.units.fetch_add(1, Ordering::Relaxed);
+        {
+            let mut s = sync::lock(&inner.state);
+            s.released = false;
+            s.claimed = false;
+        }
+        if let Err(e) = inner.pref.resurrect() {
+            unreachable!("owned::Frozen: the frozen ref was not dead: {e}");
+        }
+        self.frozen = false;
+    }
+}
+
+impl<T> Deref for Owner<T> {
+    type Target = T;
+
+    /// The owner's base reference keeps `T` alive.
+    fn deref(&self) -> &T {
+        // SAFETY: the base reference keeps `T` alive (invariant 1); a leaked
+        // `Frozen` left `T` alive too, and no `&mut T` outlives its guard.
+        unsafe { &*self.inner().value.get() }
+    }
+}
+
+impl<T> Drop for Owner<T> {
+    fn drop(&mut self) {
+        drop(self.kill_in_place());
+    }
+}
+
+impl<T: fmt::Debug> fmt::Debug for Owner<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Owner")
+            .field("value", &**self)
+            .field("ref", &self.inner().pref)
+            .finish()
+    }
+}
+
+// ----- Ref ------------------------------------------------------------------
+
+/// A counted reference to a live or dying `T`.
+///
+/// `Clone` is a percpu get, `Drop` a put; while any `Ref` exists, `T` is
+/// alive and cannot be frozen. Made by [`Owner::get`], [`Weak::tryget`] and
+/// [`Weak::tryget_live`].
+///
+/// `Ref<T>` is `Send` and `Sync` exactly when `T` is both, as `Arc<T>`:
+///
+/// ```compile_fail
+/// use percpu_ref::owned::Owner;
+/// let o = Owner::new(std::rc::Rc::new(1)); // Rc is neither Send nor Sync
+/// let r = o.get();
+/// std::thread::spawn(move || drop(r));
+/// ```
+///
+/// ```compile_fail
+/// use percpu_ref::owned::Owner;
+/// let o = Owner::new(std::cell::Cell::new(1)); // Send but not Sync
+/// let r = o.get();
+/// std::thread::spawn(move || r.set(2));
+/// ```
+///
+/// # Examples
+///
+/// ```
+/// use percpu_ref::owned::{Owner, Ref};
+/// let o = Owner::new(3);
+/// let a = o.get();
+/// let b = a.clone();
+/// assert!(Ref::ptr_eq(&a, &b));
+/// std::thread::spawn(move || assert_eq!(*b, 3)).join().unwrap();
+/// ```
+pub struct Ref<T> {
+    inner: NonNull<Inner<T>>,
+    _owns: PhantomData<Inner<T>>,
+}
+
+// SAFETY: a `Ref` gives `&T` on any thread (`T: Sync`) and the last one may
+// drop `T` on its thread (`T: Send`), as `Arc<T>`.
+unsafe impl<T: Send + Sync> Send for Ref<T> {}
+// SAFETY: as for `Send`.
+unsafe impl<T: Send + Sync> Sync for Ref<T> {}
+
+impl<T> Ref<T> {
+    fn inner(&self) -> &Inner<T> {
+        // SAFETY: our percpu reference keeps the block alive.
+        unsafe { inner(self.inner) }
+    }
+
+    /// A lookup handle for the same object.
+    pub fn downgrade(this: &Ref<T>) -> Weak<T> {
+        Weak::new_unit(this.inner)
+    }
+
+    /// Whether two references point to the same object.
+    pub fn ptr_eq(a: &Ref<T>, b: &Ref<T>) -> bool {
+        a.inner == b.inner
+    }
+}
+
+impl<T> Clone for Ref<T> {
+    /// A percpu get, nothing else.
+    #[inline]
+    fn clone(&self) -> Self {
+        self.inner().pref.get();
+        Ref {
+            inner: self.inner,
+            _owns: PhantomData,
+        }
+    }
+}
+
+impl<T> Drop for Ref<T> {
+    #[inline]
+    fn drop(&mut self) {
+        // SAFETY: this `Ref` holds one percpu reference and is going away.
+        unsafe { put_ref(self.inner) }
+    }
+}
+
+impl<T> Deref for Ref<T> {
+    type Target = T;
+
+    #[inline]
+    fn deref(&self) -> &T {
+        // SAFETY: our reference keeps `T` alive (invariant 1) and excludes
+        // a freeze, the only source of `&mut T`.
+        unsafe { &*self.inner().value.get() }
+    }
+}
+
+impl<T: fmt::Debug> fmt::Debug for Ref<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Debug::fmt(&**self, f)
+    }
+}
+
+// ----- Weak -----------------------------------------------------------------
+
+/// A lookup handle: keeps the allocation alive but not `T`, and turns into
+/// a [`Ref`] with [`tryget`](Self::tryget) or
+/// [`tryget_live`](Self::tryget_live). Store these in lookup tables.
+///
+/// `Send` and `Sync` exactly when `T` is both:
+///
+/// ```compile_fail
+/// use percpu_ref::owned::Owner;
+/// let o = Owner::new(std::rc::Rc::new(1));
+/// let w = o.downgrade();
+/// std::thread::spawn(move || drop(w));
+/// ```
+pub struct Weak<T> {
+    inner: NonNull<Inner<T>>,
+    _owns: PhantomData<Inner<T>>,
+}
+
+// SAFETY: a `Weak` can make a `Ref` on any thread: the same rules as `Ref`.
+unsafe impl<T: Send + Sync> Send for Weak<T> {}
+// SAFETY: as for `Send`.
+unsafe impl<T: Send + Sync> Sync for Weak<T> {}
+
+impl<T> Weak<T> {
+    /// Takes one more allocation unit of the block at `p`, which the caller
+    /// keeps alive.
+    fn new_unit(p: NonNull<Inner<T>>) -> Self {
+        // SAFETY: the caller's handle keeps the block alive.
+        // Relaxed: a new unit from an existing one, as Arc::clone.
+        unsafe { inner(p) }.units.fetch_add(1, Ordering::Relaxed);
+        Weak {
+            inner: p,
+            _owns: PhantomData,
+        }
+    }
+
+    fn inner(&self) -> &Inner<T> {
+        // SAFETY: a `Weak` holds an allocation unit.
+        unsafe { inner(self.inner) }
+    }
+
+    fn make_ref(&self) -> Ref<T> {
+        Ref {
+            inner: self.inner,
+            _owns: PhantomData,
+        }
+    }
+
+    /// A reference unless the object is dead (killed, or frozen or being
+    /// frozen): as `css_tryget_online`. Once [`Owner::kill`] or
+    /// [`Owner::freeze`] has returned, this fails on every thread.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use percpu_ref::owned::Owner;
+    /// let o = Owner::new(1);
+    /// let w = o.downgrade();
+    /// let r = w.tryget_live().unwrap();
+    /// let killed = o.kill();
+    /// assert!(w.tryget_live().is_none());
+    /// assert!(w.tryget().is_some()); // dying, not yet released
+    /// drop(r);
+    /// assert!(w.tryget().is_none()); // released
+    /// assert_eq!(killed.wait(), 1);
+    /// ```
+    #[inline]
+    pub fn tryget_live(&self) -> Option<Ref<T>> {
+        self.inner().pref.tryget_live().then(|| self.make_ref())
+    }
+
+    /// A reference unless the object was released (its last reference is
+    /// gone): succeeds on a killed object still in use, as `css_tryget`.
+    #[inline]
+    pub fn tryget(&self) -> Option<Ref<T>> {
+        self.inner().pref.tryget().then(|| self.make_ref())
+    }
+
+    /// Whether two handles point to the same object.
+    pub fn ptr_eq(a: &Weak<T>, b: &Weak<T>) -> bool {
+        a.inner == b.inner
+    }
+}
+
+impl<T> Clone for Weak<T> {
+    fn clone(&self) -> Self {
+        Weak::new_unit(self.inner)
+    }
+}
+
+impl<T> Drop for Weak<T> {
+    fn drop(&mut self) {
+        // SAFETY: this `Weak` owns one allocation unit and is going away.
+        unsafe { drop_unit::<T>(self.inner.as_ptr().cast_const().cast()) }
+    }
+}
+
+impl<T> fmt::Debug for Weak<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("(Weak)")
+    }
+}
+
+// ----- Killed ---------------------------------------------------------------
+
+/// A killed object's claim on its `T`: wait for the last [`Ref`] to go and
+/// take `T` back, or drop this to let the last `Ref` drop `T`.
+///
+/// Dropping a `Killed` before release leaves `T` to the thread that drops
+/// the last reference; dropping it after release drops `T` here.
+///
+/// `Send` and `Sync` when `T: Send` (it never gives out `&T`):
+///
+/// ```compile_fail
+/// use percpu_ref::owned::Owner;
+/// let k = Owner::new(std::rc::Rc::new(1)).kill();
+/// std::thread::spawn(move || k.wait());
+/// ```
+pub struct Killed<T> {
+    inner: NonNull<Inner<T>>,
+    _owns: PhantomData<Inner<T>>,
+}
+
+// SAFETY: a `Killed` moves or drops `T` on its thread (`T: Send`) and never
+// gives out `&T`; `release` hands over to it under the state lock.
+unsafe impl<T: Send> Send for Killed<T> {}
+// SAFETY: `&Killed` only reads the released flag.
+unsafe impl<T: Send> Sync for Killed<T> {}
+
+impl<T> Killed<T> {
+    fn inner(&self) -> &Inner<T> {
+        // SAFETY: a `Killed` holds the owner side's allocation unit.
+        unsafe { inner(self.inner) }
+    }
+
+    /// Whether the last reference is gone, so that `T` can be taken without
+    /// blocking.
+    pub fn is_released(&self) -> bool {
+        self.inner().is_released()
+    }
+
+    /// Blocks until the last reference is gone, then returns `T`.
+    pub fn wait(self) -> T {
+        self.inner().wait_released(None);
+        self.take()
+    }
+
+    /// As [`wait`](Self::wait), giving up after `timeout`.
+    ///
+    /// # Errors
+    ///
+    /// Gives `self` back when references remain after `timeout`.
+    pub fn wait_timeout(self, timeout: Duration) -> Result<T, Self> {
+        if self
+            .inner()
+            .wait_released(Instant::now().checked_add(timeout))
+        {
+            Ok(self.take())
+        } else {
+            Err(self)
+        }
+    }
+
+    /// `T` if the last reference is gone, else `self` back; never blocks.
+    ///
+    /// # Errors
+    ///
+    /// Gives `self` back when references remain.
+    pub fn try_take(self) -> Result<T, Self> {
+        if self.is_released() {
+            Ok(self.take())
+        } else {
+            Err(self)
+        }
+    }
+
+    /// Moves `T` out of a released block and gives up the owner's unit.
+    fn take(self) -> T {
+        let this = ManuallyDrop::new(self);
+        // SAFETY: released and claimed by us: no reference exists, none can
+        // be made (dead, count zero, and the owner is gone), and `release`
+        // left `T` to us.
+        let value = unsafe { this.inner().take_value() };
+        // SAFETY: `this` held the owner side's unit and is not dropped.
+        unsafe { drop_unit::<T>(this.inner.as_ptr().cast_const().cast()) };
+        value
+    }
+}
+
+impl<T> Drop for Killed<T> {
+    fn drop(&mut self) {
+        let inner = self.inner();
+        let mut s = sync::lock(&inner.state);
+        if s.released {
+            drop(s);
+            // SAFETY: as in `take`.
+            unsafe { inner.drop_value() };
+        } else {
+            // `release` has not run: it will drop `T` itself.
+            s.claimed = false;
+        }
+        // SAFETY: a `Killed` holds the owner side's unit and is going away.
+        unsafe { drop_unit::<T>(self.inner.as_ptr().cast_const().cast()) }
+    }
+}
+
+impl<T> fmt::Debug for Killed<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Killed")
+            .field("released", &self.is_released())
+            .finish()
+    }
+}
+
+// ----- Frozen ---------------------------------------------------------------
+
+/// Exclusive access to a frozen object's `T`; dropping it unfreezes.
+///
+/// While it lives no [`Ref`] exists and none can be made. Made by
+/// [`Owner::freeze`] and [`Owner::freeze_timeout`].
+pub struct Frozen<'a, T> {
+    owner: &'a mut Owner<T>,
+}
+
+impl<T> Deref for Frozen<'_, T> {
+    type Target = T;
+
+    fn deref(&self) -> &T {
+        self.owner
+    }
+}
+
+impl<T> DerefMut for Frozen<'_, T> {
+    fn deref_mut(&mut self) -> &mut T {
+        // SAFETY: frozen: the count is zero and stays zero until this guard
+        // unfreezes, so no `Ref` (hence no `&T` through one) exists; the
+        // owner is borrowed by us, so no `&T` through it exists either.
+        unsafe { &mut *self.owner.inner().value.get() }
+    }
+}
+
+impl<T> Drop for Frozen<'_, T> {
+    fn drop(&mut self) {
+        self.owner.unfreeze();
+    }
+}
+
+impl<T: fmt::Debug> fmt::Debug for Frozen<'_, T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_tuple("Frozen").field(&**self).finish()
+    }
+}
+
+/// [`Owner::freeze_timeout`] gave up: references remained, and the freeze was
+/// undone.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FreezeTimeout(());
+
+impl fmt::Display for FreezeTimeout {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(
+            "owned::Owner::freeze_timeout: references were still held at the deadline; \
+             the freeze was undone",
+        )
+    }
+}
+
+impl std::error::Error for FreezeTimeout {}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+    use std::sync::atomic::AtomicUsize as StdAtomicUsize;
+    use std::sync::Arc;
+
+    /// Blocks allocated and not yet freed, over every test in this binary.
+    pub(super) static LIVE_BLOCKS: StdAtomicUsize = StdAtomicUsize::new(0);
+
+    /// Serialises the tests that check `LIVE_BLOCKS` (tests run in parallel).
+    static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+    fn serial() -> std::sync::MutexGuard<'static, ()> {
+        SERIAL.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Counts its drops.
+    #[derive(Debug)]
+    struct Tracked {
+        drops: Arc<StdAtomicUsize>,
+        payload: u64,
+    }
+
+    impl Drop for Tracked {
+        fn drop(&mut self) {
+            self.drops.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        }
+    }
+
+    fn tracked(payload: u64) -> (Tracked, Arc<StdAtomicUsize>) {
+        let drops = Arc::new(StdAtomicUsize::new(0));
+        (
+            Tracked {
+                drops: drops.clone(),
+                payload,
+            },
+            drops,
+        )
+    }
+
+    fn drops(d: &StdAtomicUsize) -> usize {
+        d.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    fn live_blocks() -> usize {
+        LIVE_BLOCKS.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    #[test]
+    fn owner_drop_without_refs_drops_value_and_block() {
+        let _s = serial();
+        let before = live_blocks();
+        let (v, d) = tracked(1);
+        let o = Owner::new(v);
+        let w = o.downgrade();
+        assert_eq!(live_blocks(), before + 1);
+        drop(o);
+        assert_eq!(drops(&d), 1, "implicit kill with no Ref drops T at once");
+        assert!(w.tryget().is_none());
+        assert_eq!(live_blocks(), before + 1, "the Weak keeps the block");
+        drop(w);
+        assert_eq!(live_blocks(), before, "block freed with the last unit");
+    }
+
+    #[test]
+    fn owner_drop_with_refs_last_ref_drops_value() {
+        let _s = serial();
+        let before = live_blocks();
+        let (v, d) = tracked(2);
+        let o = Owner::new(v);
+        let r = o.get();
+        let r2 = r.clone();
+        drop(o);
+        assert_eq!(drops(&d), 0);
+        assert_eq!(r.payload, 2);
+        drop(r);
+        assert_eq!(drops(&d), 0);
+        let t = std::thread::spawn(move || drop(r2));
+        t.join().unwrap();
+        assert_eq!(drops(&d), 1, "the last Ref dropped T");
+        assert_eq!(live_blocks(), before);
+    }
+
+    #[test]
+    fn killed_wait_takes_value_without_dropping() {
+        let _s = serial();
+        let before = live_blocks();
+        let (v, d) = tracked(3);
+        let o = Owner::new(v);
+        let r = o.get();
+        let k = o.kill();
+        assert!(!k.is_released());
+        let k = k.wait_timeout(Duration::from_millis(1)).unwrap_err();
+        let t = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(5));
+            drop(r);
+        });
+        let v = k.wait();
+        t.join().unwrap();
+        assert_eq!(v.payload, 3);
+        assert_eq!(drops(&d), 0, "wait hands T back, release left it alone");
+        assert_eq!(live_blocks(), before);
+        drop(v);
+        assert_eq!(drops(&d), 1);
+    }
+
+    #[test]
+    fn killed_dropped_before_release_leaves_value_to_last_ref() {
+        let _s = serial();
+        let before = live_blocks();
+        let (v, d) = tracked(4);
+        let o = Owner::new(v);
+        let r = o.get();
+        drop(o.kill());
+        assert_eq!(drops(&d), 0);
+        drop(r);
+        assert_eq!(drops(&d), 1);
+        assert_eq!(live_blocks(), before);
+    }
+
+    #[test]
+    fn killed_dropped_after_release_drops_value() {
+        let _s = serial();
+        let before = live_blocks();
+        let (v, d) = tracked(5);
+        let o = Owner::new(v);
+        let r = o.get();
+        let k = o.kill();
+        drop(r);
+        assert!(k.is_released());
+        assert_eq!(drops(&d), 0, "claimed: release must not drop T");
+        drop(k);
+        assert_eq!(drops(&d), 1);
+        assert_eq!(live_blocks(), before);
+    }
+
+    #[test]
+    fn tryget_and_tryget_live_follow_kill_and_release() {
+        let _s = serial();
+        let o = Owner::new(7u32);
+        let w = o.downgrade();
+        let r = w.tryget_live().expect("live");
+        let k = o.kill();
+        assert!(w.tryget_live().is_none());
+        let r2 = w.tryget().expect("dying but referenced");
+        drop(r);
+        assert!(!k.is_released());
+        drop(r2);
+        assert!(w.tryget().is_none());
+        assert_eq!(k.try_take().unwrap(), 7);
+    }
+
+    #[test]
+    fn freeze_excludes_refs_and_unfreeze_revives() {
+        let _s = serial();
+        let before = live_blocks();
+        let (v, d) = tracked(10);
+        let mut o = Owner::new(v);
+        let w = o.downgrade();
+        for round in 0..5u64 {
+            let r = o.get();
+            let t = std::thread::spawn(move || {
+                std::thread::sleep(Duration::from_millis(2));
+                drop(r);
+            });
+            {
+                let mut f = o.freeze();
+                assert!(w.tryget_live().is_none());
+                assert!(w.tryget().is_none());
+                f.payload += 1;
+            }
+            t.join().unwrap();
+            assert_eq!(w.tryget_live().unwrap().payload, 11 + round);
+        }
+        assert_eq!(drops(&d), 0, "freeze never drops T");
+        drop(o);
+        assert_eq!(drops(&d), 1);
+        drop(w);
+        assert_eq!(live_blocks(), before);
+    }
+
+    #[test]
+    fn freeze_timeout_undoes_cleanly() {
+        let _s = serial();
+        let before = live_blocks();
+        let (v, d) = tracked(20);
+        let mut o = Owner::new(v);
+        let w = o.downgrade();
+        let r = o.get();
+        let e = o.freeze_timeout(Duration::from_millis(5)).unwrap_err();
+        assert!(e.to_string().contains("freeze_timeout"));
+        assert_eq!(r.payload, 20);
+        assert!(w.tryget_live().is_some(), "live again after the undo");
+        drop(r);
+        // The undo left the counts consistent: a freeze now drains at once.
+        o.freeze_timeout(Duration::ZERO).unwrap().payload = 21;
+        assert_eq!(o.payload, 21);
+        let k = o.kill();
+        assert_eq!(k.wait().payload, 21);
+        assert_eq!(drops(&d), 1);
+        drop(w);
+        assert_eq!(live_blocks(), before);
+    }
+
+    #[test]
+    fn leaked_freeze_guard_stays_frozen_and_drops_value_with_owner() {
+        let _s = serial();
+        let before = live_blocks();
+        let (v, d) = tracked(30);
+        let mut o = Owner::new(v);
+        let w = o.downgrade();
+        std::mem::forget(o.freeze());
+        assert!(w.tryget().is_none());
+        assert_eq!(o.payload, 30);
+        let msg =
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| drop(o.get()))).unwrap_err();
+        assert!(msg
+            .downcast_ref::<&str>()
+            .is_some_and(|m| m.contains("Owner::get")));
+        drop(o);
+        assert_eq!(drops(&d), 1);
+        drop(w);
+        assert_eq!(live_blocks(), before);
+    }
+
+    #[test]
+    fn weak_inside_value_pointing_to_itself() {
+        let _s = serial();
+        let before = live_blocks();
+        struct Node {
+            me: Option<Weak<std::sync::Mutex<Node>>>,
+        }
+        let o = Owner::new(std::sync::Mutex::new(Node { me: None }));
+        o.lock().unwrap().me = Some(o.downgrade());
+        let r = o
+            .lock()
+            .unwrap()
+            .me
+            .as_ref()
+            .unwrap()
+            .tryget_live()
+            .unwrap();
+        drop(o);
+        drop(r); // release drops T, which drops a Weak of its own block
+        assert_eq!(live_blocks(), before);
+    }
+
+    #[test]
+    fn value_may_borrow_from_the_stack() {
+        let _s = serial();
+        let s = String::from("borrowed");
+        let o = Owner::new(s.as_str());
+        let r = o.get();
+        assert_eq!(*r, "borrowed");
+        drop(o);
+        drop(r);
+    }
+
+    #[test]
+    fn ref_drops_inside_value_drop_settle_their_own_units() {
+        let _s = serial();
+        let before = live_blocks();
+        // T of the outer object holds the last Ref of an inner object: the
+        // outer release runs the inner release on the same thread.
+        let (v, d) = tracked(40);
+        let inner_owner = Owner::new(v);
+        let inner_ref = inner_owner.get();
+        drop(inner_owner);
+        let outer = Owner::new(inner_ref);
+        let outer_ref = outer.get();
+        drop(outer);
+        drop(outer_ref);
+        assert_eq!(drops(&d), 1);
+        assert_eq!(live_blocks(), before);
+    }
+}
