@@ -87,7 +87,7 @@ impl Shards {
 
     pub(crate) fn reset(&self) {
         for s in self.shards.iter() {
-            s.store(0, Ordering::Release);
+            s.swap(0, Ordering::AcqRel);
         }
     }
 
