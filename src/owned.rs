@@ -332,10 +332,16 @@ unsafe fn drop_unit<T>(ptr: *const ()) {
     }
 }
 
+#[cfg(not(loom))]
 sync::thread_local! {
     /// An allocation unit that a `release` on this thread left for the
     /// wrapper around the `PercpuRef` call to drop.
     static OWED: Cell<Option<Erased>> = const { Cell::new(None) };
+}
+// loom's macro takes no `const` block.
+#[cfg(loom)]
+sync::thread_local! {
+    static OWED: Cell<Option<Erased>> = Cell::new(None);
 }
 
 fn owe_unit(u: Erased) {

@@ -1,0 +1,178 @@
+//! Loom models of the owned layer (`percpu_ref::owned`): the races between
+//! the last reference's drop and kill / the waiter / a dropped `Killed`, and
+//! between freeze and `tryget_live`.
+//!
+//! `T` holds a `loom::cell::UnsafeCell`, so a `Ref` reading it while a
+//! `Frozen` guard writes it is reported as a data race, and a drop counter,
+//! so a double or missing drop of `T` fails the model.
+//!
+//! Run: `RUSTFLAGS="--cfg loom" cargo test --release --test loom_owned`
+#![cfg(loom)]
+
+use loom::cell::UnsafeCell;
+use loom::thread;
+use percpu_ref::owned::Owner;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// A value whose two halves must agree, and which counts its drops.
+struct Checked {
+    a: UnsafeCell<u64>,
+    b: UnsafeCell<u64>,
+    drops: Arc<AtomicUsize>,
+}
+
+impl Checked {
+    fn new(v: u64) -> (Checked, Arc<AtomicUsize>) {
+        let drops = Arc::new(AtomicUsize::new(0));
+        (
+            Checked {
+                a: UnsafeCell::new(v),
+                b: UnsafeCell::new(!v),
+                drops: drops.clone(),
+            },
+            drops,
+        )
+    }
+
+    /// Reads both halves (a tracked read: loom reports a racing write).
+    fn read(&self) -> u64 {
+        // SAFETY: loom checks this read against every write for a race.
+        let a = self.a.with(|p| unsafe { *p });
+        // SAFETY: as above.
+        let b = self.b.with(|p| unsafe { *p });
+        assert_eq!(a, !b, "torn value: {a:#x} / {b:#x}");
+        a
+    }
+
+    /// Writes both halves (`&mut self`: callers need exclusive access).
+    fn bump(&mut self) {
+        let v = self.read() + 1;
+        self.a.with_mut(|p| unsafe { *p = v });
+        self.b.with_mut(|p| unsafe { *p = !v });
+    }
+}
+
+impl Drop for Checked {
+    fn drop(&mut self) {
+        self.read(); // also a tracked access: a drop racing a reader is a race
+        self.drops.fetch_add(1, Ordering::SeqCst);
+    }
+}
+
+fn drops(d: &AtomicUsize) -> usize {
+    d.load(Ordering::SeqCst)
+}
+
+/// The last `Ref` is dropped on another thread while the owner kills and
+/// waits: the waiter gets `T` back intact, and nobody drops it.
+#[test]
+fn ref_drop_races_kill_and_wait() {
+    loom::model(|| {
+        let (v, d) = Checked::new(1);
+        let owner = Owner::new(v);
+        let r = owner.get();
+        let t = thread::spawn(move || {
+            assert_eq!(r.read(), 1);
+            drop(r);
+        });
+        let killed = owner.kill();
+        let value = killed.wait();
+        assert_eq!(value.read(), 1);
+        assert_eq!(drops(&d), 0, "release dropped a claimed T");
+        t.join().unwrap();
+        drop(value);
+        assert_eq!(drops(&d), 1);
+    });
+}
+
+/// The last `Ref`'s drop races the owner's drop (implicit kill): `T` is
+/// dropped exactly once, by whichever thread was last.
+#[test]
+fn ref_drop_races_owner_drop() {
+    loom::model(|| {
+        let (v, d) = Checked::new(2);
+        let owner = Owner::new(v);
+        let r = owner.get();
+        let t = thread::spawn(move || {
+            assert_eq!(r.read(), 2);
+            drop(r);
+        });
+        drop(owner);
+        t.join().unwrap();
+        assert_eq!(drops(&d), 1);
+    });
+}
+
+/// The last `Ref`'s drop races dropping the `Killed` (no waiter): the hand
+/// over of `T` under the state lock drops it exactly once.
+#[test]
+fn ref_drop_races_killed_drop() {
+    loom::model(|| {
+        let (v, d) = Checked::new(3);
+        let owner = Owner::new(v);
+        let r = owner.get();
+        let killed = owner.kill();
+        let t = thread::spawn(move || {
+            assert_eq!(r.read(), 3);
+            drop(r);
+        });
+        drop(killed);
+        t.join().unwrap();
+        assert_eq!(drops(&d), 1);
+    });
+}
+
+/// A lookup with `tryget_live` races a freeze/unfreeze: a `Ref` that it
+/// gets never overlaps the `&mut T` (loom would report the race on the
+/// cells), and it sees either the old or the new value, whole.
+#[test]
+fn freeze_races_tryget_live() {
+    loom::model(|| {
+        let (v, d) = Checked::new(10);
+        let mut owner = Owner::new(v);
+        let weak = owner.downgrade();
+        let t = thread::spawn(move || match weak.tryget_live() {
+            Some(r) => {
+                let x = r.read();
+                assert!(x == 10 || x == 11, "saw {x}");
+            }
+            None => {}
+        });
+        owner.freeze().bump();
+        assert_eq!(owner.read(), 11);
+        t.join().unwrap();
+        drop(owner);
+        assert_eq!(drops(&d), 1);
+    });
+}
+
+/// A non-blocking freeze (`freeze_timeout(0)`) races the last `Ref`'s drop:
+/// either it freezes (the drop came first, or the count reached zero while
+/// it gave up), or it undoes the freeze with the count intact. Either way
+/// a later freeze drains and `T` is dropped once.
+#[test]
+fn try_freeze_races_last_ref_drop() {
+    loom::model(|| {
+        let (v, d) = Checked::new(20);
+        let mut owner = Owner::new(v);
+        let r = owner.get();
+        let t = thread::spawn(move || {
+            assert_eq!(r.read(), 20);
+            drop(r);
+        });
+        if let Ok(mut f) = owner.freeze_timeout(Duration::ZERO) {
+            f.bump();
+        }
+        t.join().unwrap();
+        // No reference is left: a freeze now cannot block, and the count
+        // came back whole from whichever path was taken.
+        owner.freeze().bump();
+        let x = owner.read();
+        assert!(x == 21 || x == 22, "saw {x}");
+        assert_eq!(drops(&d), 0);
+        drop(owner);
+        assert_eq!(drops(&d), 1);
+    });
+}
