@@ -27,19 +27,40 @@
 //!
 //! - [`Backend::Sharded`] (`percpu/sharded.rs`): cache-padded atomic shards
 //!   that the switcher *seals*; portable, loom-checkable as is.
-//! - [`Backend::Rseq`]: true per-CPU counting with restartable sequences on
-//!   Linux and a `membarrier` grace period (see `percpu/rseq.rs` when built).
+//! - [`Backend::Rseq`] (`percpu/rseq.rs`, Linux x86_64): true per-CPU
+//!   counting with a restartable sequence on glibc's rseq area, a
+//!   `membarrier` grace period (`percpu/rseq_abi.rs`) and counters in a
+//!   per-CPU arena (`percpu/arena.rs`, see [`arena_stats`]). Other targets,
+//!   aarch64 included for now, use the sharded backend.
 //!
 //! The backend is chosen once per process ([`backend`]) and can be overridden
 //! per ref for comparisons ([`PercpuRef::with_backend`](crate::PercpuRef::with_backend)).
 
+#[cfg(all(target_os = "linux", target_arch = "x86_64", not(loom)))]
+mod arena;
 pub(crate) mod cpus;
+#[cfg(all(target_os = "linux", target_arch = "x86_64", not(loom)))]
+mod rseq;
+#[cfg(all(target_os = "linux", target_arch = "x86_64", not(loom)))]
+mod rseq_abi;
 mod sharded;
 
 use crate::sync::AtomicUsize;
 use std::fmt;
 
+#[cfg(all(target_os = "linux", target_arch = "x86_64", not(loom)))]
+pub use arena::{arena_stats, ArenaStats};
 pub use cpus::possible_cpus;
+#[cfg(all(
+    target_os = "linux",
+    target_arch = "x86_64",
+    not(loom),
+    percpu_ref_callgrind
+))]
+#[doc(hidden)]
+pub use rseq_abi::force_fake_area_for_instruction_counting;
+#[cfg(all(target_os = "linux", target_arch = "x86_64", not(loom)))]
+pub use rseq_abi::rseq_aborts;
 
 /// Mode bit: the ref counts in its shared atomic counter.
 pub(crate) const MODE_ATOMIC: usize = 1;
@@ -78,9 +99,29 @@ impl Backend {
     }
 
     /// Whether this backend can be used in this process.
+    ///
+    /// For [`Backend::Rseq`] this is decided once per process: Linux x86_64,
+    /// glibc registered its rseq area for this thread (glibc >= 2.35, not
+    /// disabled by `GLIBC_TUNABLES=glibc.pthread.rseq=0`, not under
+    /// valgrind), and the kernel accepts the `membarrier` RSEQ registration.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use percpu_ref::Backend;
+    /// assert!(Backend::Sharded.is_available());
+    /// if Backend::Rseq.is_available() {
+    ///     assert_eq!(percpu_ref::backend(), Backend::Rseq);
+    /// }
+    /// # // (unless PERCPU_REF_BACKEND=sharded overrides the default)
+    /// # let _ = std::env::var("PERCPU_REF_BACKEND");
+    /// ```
     pub fn is_available(self) -> bool {
         match self {
             Backend::Sharded => true,
+            #[cfg(all(target_os = "linux", target_arch = "x86_64", not(loom)))]
+            Backend::Rseq => rseq_abi::available(),
+            #[cfg(not(all(target_os = "linux", target_arch = "x86_64", not(loom))))]
             Backend::Rseq => false,
         }
     }
@@ -126,6 +167,8 @@ fn detect_backend() -> Backend {
 /// An enum rather than a trait object: the match on the fast path is one
 /// perfectly predicted branch, and every variant inlines.
 pub(crate) enum Counters {
+    #[cfg(all(target_os = "linux", target_arch = "x86_64", not(loom)))]
+    Rseq(rseq::RseqCounters),
     Sharded(sharded::Shards),
 }
 
@@ -134,6 +177,8 @@ impl Counters {
     pub(crate) fn new(backend: Backend) -> Self {
         match backend {
             Backend::Sharded => Counters::Sharded(sharded::Shards::new()),
+            #[cfg(all(target_os = "linux", target_arch = "x86_64", not(loom)))]
+            Backend::Rseq if rseq_abi::available() => Counters::Rseq(rseq::RseqCounters::new()),
             Backend::Rseq => unreachable!("rseq backend requested but not available"),
         }
     }
@@ -141,6 +186,8 @@ impl Counters {
     /// The backend these counters live on.
     pub(crate) fn backend(&self) -> Backend {
         match self {
+            #[cfg(all(target_os = "linux", target_arch = "x86_64", not(loom)))]
+            Counters::Rseq(_) => Backend::Rseq,
             Counters::Sharded(_) => Backend::Sharded,
         }
     }
@@ -149,6 +196,8 @@ impl Counters {
     #[inline(always)]
     pub(crate) fn try_add(&self, mode: &AtomicUsize, delta: u64) -> bool {
         match self {
+            #[cfg(all(target_os = "linux", target_arch = "x86_64", not(loom)))]
+            Counters::Rseq(r) => r.try_add(mode, delta),
             Counters::Sharded(s) => s.try_add(mode, delta),
         }
     }
@@ -156,6 +205,8 @@ impl Counters {
     /// Waits until no `try_add` can count any more; returns the sum.
     pub(crate) fn seal_and_sum(&self) -> u64 {
         match self {
+            #[cfg(all(target_os = "linux", target_arch = "x86_64", not(loom)))]
+            Counters::Rseq(r) => r.seal_and_sum(),
             Counters::Sharded(s) => s.seal_and_sum(),
         }
     }
@@ -163,6 +214,8 @@ impl Counters {
     /// Zeroes every counter (mode is atomic and sealed, lock held).
     pub(crate) fn reset(&self) {
         match self {
+            #[cfg(all(target_os = "linux", target_arch = "x86_64", not(loom)))]
+            Counters::Rseq(r) => r.reset(),
             Counters::Sharded(s) => s.reset(),
         }
     }
@@ -170,6 +223,8 @@ impl Counters {
     /// Bytes of per-CPU storage this ref owns (for accounting and docs).
     pub(crate) fn storage_bytes(&self) -> usize {
         match self {
+            #[cfg(all(target_os = "linux", target_arch = "x86_64", not(loom)))]
+            Counters::Rseq(r) => r.storage_bytes(),
             Counters::Sharded(s) => s.storage_bytes(),
         }
     }
