@@ -26,8 +26,10 @@
 //! restart and read the new mode. Threads that are not running are covered
 //! too: they restart when next scheduled, and a context switch is a full
 //! barrier. The process registers its intent once (the kernel refuses the
-//! command with `EPERM` otherwise); registration is per address space, so a
-//! forked child, which gets a new one, re-registers on its first refusal.
+//! command with `EPERM` otherwise). The registration belongs to the address
+//! space; a forked child inherits it (checked on Linux 6.18 and by
+//! `tests/rseq_fork.rs`), and should a kernel refuse the command in a child
+//! anyway, [`grace_period`] registers again and retries.
 //!
 //! # Detection
 //!
@@ -150,8 +152,8 @@ pub(crate) fn grace_period() {
     if membarrier(MEMBARRIER_CMD_PRIVATE_EXPEDITED_RSEQ) == 0 {
         return;
     }
-    // A forked child has a new address space without the registration
-    // (EPERM): register it and try again.
+    // EPERM: this address space is not registered (a kernel that does not
+    // carry the registration over fork): register it and try again.
     let first = std::io::Error::last_os_error();
     if membarrier(MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED_RSEQ) == 0
         && membarrier(MEMBARRIER_CMD_PRIVATE_EXPEDITED_RSEQ) == 0
@@ -165,7 +167,7 @@ pub(crate) fn grace_period() {
     );
 }
 
-/// Records `n` aborted fast-path attempts.
+/// Records one aborted fast-path attempt (it is retried).
 #[cold]
 pub(crate) fn record_abort() {
     ABORTS.fetch_add(1, Ordering::Relaxed);
