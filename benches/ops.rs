@@ -211,46 +211,58 @@ fn lifecycle_ops(c: &mut Criterion) {
     // and a redundant one (already atomic).
     let mut g = c.benchmark_group("switch_to_atomic");
     for b in backends() {
-        g.bench_function(BenchmarkId::from_parameter(format!("from-percpu/{b}")), |bn| {
-            let r = new_ref(b, InitFlags::ALLOW_REINIT);
-            bn.iter_custom(|it| {
-                let mut d = Duration::ZERO;
-                for _ in 0..it {
-                    let t = Instant::now();
-                    black_box(&r).switch_to_atomic();
-                    d += t.elapsed();
-                    r.switch_to_percpu().expect("ALLOW_REINIT");
-                }
-                d
-            })
-        });
-        g.bench_function(BenchmarkId::from_parameter(format!("already-atomic/{b}")), |bn| {
-            let r = new_ref(b, InitFlags::INIT_ATOMIC);
-            bn.iter(|| black_box(&r).switch_to_atomic())
-        });
+        g.bench_function(
+            BenchmarkId::from_parameter(format!("from-percpu/{b}")),
+            |bn| {
+                let r = new_ref(b, InitFlags::ALLOW_REINIT);
+                bn.iter_custom(|it| {
+                    let mut d = Duration::ZERO;
+                    for _ in 0..it {
+                        let t = Instant::now();
+                        black_box(&r).switch_to_atomic();
+                        d += t.elapsed();
+                        r.switch_to_percpu().expect("ALLOW_REINIT");
+                    }
+                    d
+                })
+            },
+        );
+        g.bench_function(
+            BenchmarkId::from_parameter(format!("already-atomic/{b}")),
+            |bn| {
+                let r = new_ref(b, InitFlags::INIT_ATOMIC);
+                bn.iter(|| black_box(&r).switch_to_atomic())
+            },
+        );
     }
     g.finish();
 
     // switch_to_percpu: the other direction.
     let mut g = c.benchmark_group("switch_to_percpu");
     for b in backends() {
-        g.bench_function(BenchmarkId::from_parameter(format!("from-atomic/{b}")), |bn| {
-            let r = new_ref(b, InitFlags::INIT_ATOMIC);
-            bn.iter_custom(|it| {
-                let mut d = Duration::ZERO;
-                for _ in 0..it {
-                    let t = Instant::now();
-                    black_box(&r).switch_to_percpu().expect("ALLOW_REINIT");
-                    d += t.elapsed();
-                    r.switch_to_atomic();
-                }
-                d
-            })
-        });
-        g.bench_function(BenchmarkId::from_parameter(format!("already-percpu/{b}")), |bn| {
-            let r = new_ref(b, InitFlags::ALLOW_REINIT);
-            bn.iter(|| black_box(&r).switch_to_percpu().expect("ALLOW_REINIT"))
-        });
+        g.bench_function(
+            BenchmarkId::from_parameter(format!("from-atomic/{b}")),
+            |bn| {
+                let r = new_ref(b, InitFlags::INIT_ATOMIC);
+                bn.iter_custom(|it| {
+                    let mut d = Duration::ZERO;
+                    for _ in 0..it {
+                        let t = Instant::now();
+                        black_box(&r).switch_to_percpu().expect("ALLOW_REINIT");
+                        d += t.elapsed();
+                        r.switch_to_atomic();
+                    }
+                    d
+                })
+            },
+        );
+        g.bench_function(
+            BenchmarkId::from_parameter(format!("already-percpu/{b}")),
+            |bn| {
+                let r = new_ref(b, InitFlags::ALLOW_REINIT);
+                bn.iter(|| black_box(&r).switch_to_percpu().expect("ALLOW_REINIT"))
+            },
+        );
     }
     g.finish();
 }

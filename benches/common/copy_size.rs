@@ -236,7 +236,12 @@ enum Stop {
 
 /// Runs `threads` pinned workers on one shared counter of `kind`; returns
 /// each worker's (loops, busy time). The counter's balance is checked.
-fn run(kind: Kind, threads: usize, size: usize, stop: Stop) -> Result<Vec<(u64, Duration)>, String> {
+fn run(
+    kind: Kind,
+    threads: usize,
+    size: usize,
+    stop: Stop,
+) -> Result<Vec<(u64, Duration)>, String> {
     match kind {
         Kind::Atomic => run_on(Arc::new(AtomicCounter::new()), threads, size, stop),
         Kind::Percpu(b) => run_on(Arc::new(PercpuCounter::new(b)?), threads, size, stop),
@@ -319,7 +324,12 @@ fn run_on<C: Counter>(
 }
 
 /// One timed run of `duration`: the kernel's "operations in a fixed time".
-pub fn measure(kind: Kind, threads: usize, size: usize, duration: Duration) -> Result<Sample, String> {
+pub fn measure(
+    kind: Kind,
+    threads: usize,
+    size: usize,
+    duration: Duration,
+) -> Result<Sample, String> {
     let per_thread = run(kind, threads, size, Stop::After(duration))?;
     Ok(Sample {
         ops: per_thread.iter().map(|&(n, _)| n).sum(),

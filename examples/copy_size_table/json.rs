@@ -49,17 +49,33 @@ pub fn render(r: &Results) -> String {
     let _ = writeln!(out, "  \"machine\": {},", string(&m.machine()));
     let _ = writeln!(out, "  \"cpu_model\": {},", string(&m.cpu_model));
     let _ = writeln!(out, "  \"kernel\": {},", string(&m.kernel));
-    let _ = writeln!(out, "  \"cpus\": {},", list(&m.allowed_cpus, usize::to_string));
-    let _ = writeln!(out, "  \"default_backend\": {},", string(&m.default_backend));
+    let _ = writeln!(
+        out,
+        "  \"cpus\": {},",
+        list(&m.allowed_cpus, usize::to_string)
+    );
+    let _ = writeln!(
+        out,
+        "  \"default_backend\": {},",
+        string(&m.default_backend)
+    );
     let _ = writeln!(out, "  \"duration_ms\": {},", m.duration.as_millis());
     let _ = writeln!(out, "  \"reps\": {},", m.reps);
     let _ = writeln!(
         out,
         "  \"unit\": \"loops per second, summed over threads\","
     );
-    let _ = writeln!(out, "  \"threads\": {},", list(&r.threads, usize::to_string));
+    let _ = writeln!(
+        out,
+        "  \"threads\": {},",
+        list(&r.threads, usize::to_string)
+    );
     let _ = writeln!(out, "  \"sizes\": {},", list(&r.sizes, usize::to_string));
-    let _ = writeln!(out, "  \"kinds\": {},", list(&r.kinds, |k| string(&k.name())));
+    let _ = writeln!(
+        out,
+        "  \"kinds\": {},",
+        list(&r.kinds, |k| string(&k.name()))
+    );
     out += "  \"cells\": [\n";
     let cells: Vec<String> = r
         .cells
@@ -100,12 +116,18 @@ mod tests {
         let j = render(&r);
         assert_eq!(j.matches("\"kind\": ").count(), r.cells.len());
         assert!(j.contains("\"cpu_model\": \"Test \\\"CPU\\\"\""), "{j}");
-        assert!(j.contains("\"kinds\": [\"atomic\", \"percpu/sharded\"]"), "{j}");
-        assert!(j.contains(
-            "{\"kind\": \"atomic\", \"threads\": 1, \"size\": 0, \"median\": 100000000.0, \
+        assert!(
+            j.contains("\"kinds\": [\"atomic\", \"percpu/sharded\"]"),
+            "{j}"
+        );
+        assert!(
+            j.contains(
+                "{\"kind\": \"atomic\", \"threads\": 1, \"size\": 0, \"median\": 100000000.0, \
              \"min\": 99000000.0, \"max\": 102000000.0, \"spread_pct\": 3.0, \"samples\": \
              [99000000.0, 100000000.0, 102000000.0]}"
-        ), "{j}");
+            ),
+            "{j}"
+        );
         // Outside string literals, brackets and braces balance.
         let (mut depth, mut in_str, mut esc) = (0i32, false, false);
         for ch in j.chars() {

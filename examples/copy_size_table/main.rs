@@ -52,7 +52,11 @@ fn main() -> ExitCode {
 
 /// Measures the whole matrix. Repetitions are the outer loop so that a
 /// slow phase of the machine spreads over all cells instead of biasing one.
-fn run(opts: &Options, cpus: Vec<usize>, progress: &mut dyn FnMut(String)) -> Result<Results, String> {
+fn run(
+    opts: &Options,
+    cpus: Vec<usize>,
+    progress: &mut dyn FnMut(String),
+) -> Result<Results, String> {
     let meta = Meta::here(opts.duration, opts.reps, cpus);
     let mut r = Results::new(meta, &opts.kinds, &opts.threads, &opts.sizes);
     let total = opts.reps * opts.sizes.len() * opts.threads.len() * opts.kinds.len();

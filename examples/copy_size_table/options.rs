@@ -199,9 +199,7 @@ fn list(name: &str, v: &str, min: usize, max: usize) -> Result<Vec<usize>, Strin
             .map_err(|_| format!("{name} '{v}': '{part}' is not a whole number"))?;
         if n < min || n > max {
             let why = if name == "--threads" {
-                format!(
-                    "threads are pinned one per CPU and this process may run on {max} CPUs"
-                )
+                format!("threads are pinned one per CPU and this process may run on {max} CPUs")
             } else {
                 format!("must be between {min} and {max}")
             };
@@ -260,10 +258,16 @@ mod tests {
         assert_eq!(o.threads, vec![1, 2]);
         assert_eq!(o.sizes, DEFAULT_SIZES);
         assert_eq!(o.reps, 3);
-        assert_eq!(o.kinds, vec![Kind::Atomic, Kind::Percpu(percpu_ref::backend())]);
+        assert_eq!(
+            o.kinds,
+            vec![Kind::Atomic, Kind::Percpu(percpu_ref::backend())]
+        );
         let runs = 2 * 6 * 2 * 3;
         let total = o.duration * runs;
-        assert!(total <= DEFAULT_BUDGET && total >= DEFAULT_BUDGET * 9 / 10, "{total:?}");
+        assert!(
+            total <= DEFAULT_BUDGET && total >= DEFAULT_BUDGET * 9 / 10,
+            "{total:?}"
+        );
         assert_eq!(default_threads(1), vec![1]);
         assert_eq!(default_threads(6), vec![1, 2, 4, 6]);
         assert_eq!(default_threads(16), vec![1, 2, 4, 8, 16]);

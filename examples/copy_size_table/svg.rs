@@ -31,8 +31,10 @@ impl Axes {
 
     fn y(&self, v: f64) -> f64 {
         let f = match self.scale {
-            Scale::Log => (v.max(self.y_lo).log10() - self.y_lo.log10())
-                / (self.y_hi.log10() - self.y_lo.log10()),
+            Scale::Log => {
+                (v.max(self.y_lo).log10() - self.y_lo.log10())
+                    / (self.y_hi.log10() - self.y_lo.log10())
+            }
             Scale::Linear => (v - self.y_lo) / (self.y_hi - self.y_lo),
         };
         H - BOTTOM - f * (H - TOP - BOTTOM)
@@ -42,7 +44,10 @@ impl Axes {
     fn y_ticks(&self) -> Vec<f64> {
         match self.scale {
             Scale::Log => {
-                let (lo, hi) = (self.y_lo.log10().round() as i32, self.y_hi.log10().round() as i32);
+                let (lo, hi) = (
+                    self.y_lo.log10().round() as i32,
+                    self.y_hi.log10().round() as i32,
+                );
                 (lo..=hi).map(|e| 10f64.powi(e)).collect()
             }
             Scale::Linear => (0..=5).map(|i| self.y_hi * i as f64 / 5.0).collect(),
@@ -78,13 +83,19 @@ fn axes(r: &Results, sizes: &[usize], scale: Scale) -> Axes {
         .collect();
     let lo = vals.iter().copied().fold(f64::INFINITY, f64::min);
     let hi = vals.iter().copied().fold(0.0, f64::max);
-    let (lo, hi) = if lo.is_finite() && hi > 0.0 { (lo, hi) } else { (1.0, 10.0) };
+    let (lo, hi) = if lo.is_finite() && hi > 0.0 {
+        (lo, hi)
+    } else {
+        (1.0, 10.0)
+    };
     let x_max = r.max_threads() as f64;
     match scale {
         Scale::Log => Axes {
             x_max,
             y_lo: 10f64.powf(lo.log10().floor()),
-            y_hi: 10f64.powf(hi.log10().ceil()).max(10f64.powf(lo.log10().floor() + 1.0)),
+            y_hi: 10f64
+                .powf(hi.log10().ceil())
+                .max(10f64.powf(lo.log10().floor() + 1.0)),
             scale,
         },
         Scale::Linear => {
@@ -270,7 +281,10 @@ mod tests {
             assert!(svg.contains("atomic, copy size 512"));
             for cap in svg.split("cy=\"").skip(1) {
                 let y: f64 = cap.split('"').next().unwrap().parse().unwrap();
-                assert!((TOP - 0.5..=H - BOTTOM + 0.5).contains(&y), "{scale:?} y {y}");
+                assert!(
+                    (TOP - 0.5..=H - BOTTOM + 0.5).contains(&y),
+                    "{scale:?} y {y}"
+                );
             }
         }
     }

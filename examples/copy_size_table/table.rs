@@ -74,7 +74,12 @@ fn layout(headings: &[String], columns: &[Vec<String>], min: usize) -> String {
         .zip(columns)
         .enumerate()
         .map(|(i, (h, col))| {
-            let w = col.iter().map(String::len).chain([h.len()]).max().unwrap_or(0);
+            let w = col
+                .iter()
+                .map(String::len)
+                .chain([h.len()])
+                .max()
+                .unwrap_or(0);
             if i == 0 {
                 w
             } else {
@@ -117,7 +122,11 @@ fn count_table(r: &Results, threads: usize) -> String {
         let vals: Vec<f64> = r.sizes.iter().map(|&s| r.median(k, threads, s)).collect();
         headings.push(r.heading(k));
         columns.push(vals.iter().map(|v| format!("{v:.0}")).collect());
-        let diffs: Vec<f64> = vals.iter().zip(&atomic).map(|(v, a)| diff_pct(*v, *a)).collect();
+        let diffs: Vec<f64> = vals
+            .iter()
+            .zip(&atomic)
+            .map(|(v, a)| diff_pct(*v, *a))
+            .collect();
         headings.push("diff in pct".into());
         columns.push(diff_column(&diffs));
     }
@@ -248,17 +257,22 @@ pub fn markdown(r: &Results) -> String {
         m.duration.as_millis()
     );
     let mut head = vec!["copy size".to_string()];
-    let groups: Vec<usize> = [1, max]
-        .into_iter()
-        .filter(|t| r.threads.contains(t))
-        .fold(Vec::new(), |mut v, t| {
-            if !v.contains(&t) {
-                v.push(t);
-            }
-            v
-        });
+    let groups: Vec<usize> =
+        [1, max]
+            .into_iter()
+            .filter(|t| r.threads.contains(t))
+            .fold(Vec::new(), |mut v, t| {
+                if !v.contains(&t) {
+                    v.push(t);
+                }
+                v
+            });
     for &t in &groups {
-        let cpus = if t == 1 { "1 CPU".into() } else { format!("{t} CPUs") };
+        let cpus = if t == 1 {
+            "1 CPU".into()
+        } else {
+            format!("{t} CPUs")
+        };
         head.push(format!("{cpus} atomic"));
         for k in r.percpu_kinds() {
             head.push(format!("{cpus} {}", r.heading(k)));
@@ -272,11 +286,7 @@ pub fn markdown(r: &Results) -> String {
         }
     }
     let _ = writeln!(out, "| {} |", head.join(" | "));
-    let _ = writeln!(
-        out,
-        "|{}",
-        head.iter().map(|_| "---:|").collect::<String>()
-    );
+    let _ = writeln!(out, "|{}", head.iter().map(|_| "---:|").collect::<String>());
     for &s in &r.sizes {
         let mut row = vec![s.to_string()];
         for &t in &groups {
@@ -342,8 +352,14 @@ mod tests {
             assert!(t.contains(want), "missing {want:?} in\n{t}");
         }
         // One CPU, size 0: atomic 100e6, percpu 300e6.
-        assert!(t.contains("0            100000000    300000000     +200.00%"), "{t}");
-        assert!(t.contains("0             50000000    600000000   +1,100.00%"), "{t}");
+        assert!(
+            t.contains("0            100000000    300000000     +200.00%"),
+            "{t}"
+        );
+        assert!(
+            t.contains("0             50000000    600000000   +1,100.00%"),
+            "{t}"
+        );
     }
 
     #[test]
@@ -353,7 +369,10 @@ mod tests {
         assert_eq!(rows.len(), 2 + 2, "{md}");
         assert!(rows[0].contains("| 1 CPU atomic | 1 CPU percpu | diff | 2 CPUs atomic"));
         assert!(rows[0].ends_with("| 2/1 atomic | 2/1 percpu |"));
-        assert!(rows[2].starts_with("| 0 | 100000000 | 300000000 | +200.00% |"), "{md}");
+        assert!(
+            rows[2].starts_with("| 0 | 100000000 | 300000000 | +200.00% |"),
+            "{md}"
+        );
         assert!(md.contains("Test \"CPU\", 2 CPUs, Linux 6.0"));
     }
 }
