@@ -647,12 +647,20 @@ impl fmt::Debug for PercpuRef {
     }
 }
 
+/// On the fast path of every get and put: inlined, with the panic out of line.
+#[inline(always)]
 fn checked_n(op: &str, n: usize) -> u64 {
     let n = n as u64;
     if n > MAX_COUNT {
-        panic!("percpu_ref::{op}({n}): n is above the largest count, 2^62 - 1");
+        n_too_large(op, n);
     }
     n
+}
+
+#[cold]
+#[inline(never)]
+fn n_too_large(op: &str, n: u64) -> ! {
+    panic!("percpu_ref::{op}({n}): n is above the largest count, 2^62 - 1");
 }
 
 fn underflow_message(op: &str, n: u64, count: u64) -> String {
