@@ -206,6 +206,27 @@ pub fn pin_to(_cpu: usize) -> Result<(), String> {
     Ok(())
 }
 
+/// CPU time consumed by the calling thread so far.
+#[cfg(unix)]
+pub fn thread_cpu_time() -> Duration {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a valid, writable timespec; the clock id is a constant.
+    let rc = unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+    if rc != 0 {
+        return Duration::ZERO;
+    }
+    Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
+}
+
+/// No per-thread CPU clock: report none.
+#[cfg(not(unix))]
+pub fn thread_cpu_time() -> Duration {
+    Duration::ZERO
+}
+
 /// One thread's loop: get, copy `size` bytes, put. Inlined per counter type
 /// so that the loop holds no indirect call.
 #[inline(always)]
@@ -223,6 +244,18 @@ pub struct Sample {
     pub ops: u64,
     /// Sum over threads of each thread's loops per second.
     pub ops_per_sec: f64,
+    /// The smallest share of its wall time that a thread was on a CPU
+    /// (1.0 = never descheduled). Below ~0.9 the machine was busy and the
+    /// run understates what these threads can do.
+    pub cpu_share: f64,
+}
+
+/// What one worker measured.
+#[derive(Clone, Copy, Debug)]
+struct Worker {
+    loops: u64,
+    wall: Duration,
+    cpu: Duration,
 }
 
 /// How to run the workers.
@@ -236,12 +269,7 @@ enum Stop {
 
 /// Runs `threads` pinned workers on one shared counter of `kind`; returns
 /// each worker's (loops, busy time). The counter's balance is checked.
-fn run(
-    kind: Kind,
-    threads: usize,
-    size: usize,
-    stop: Stop,
-) -> Result<Vec<(u64, Duration)>, String> {
+fn run(kind: Kind, threads: usize, size: usize, stop: Stop) -> Result<Vec<Worker>, String> {
     match kind {
         Kind::Atomic => run_on(Arc::new(AtomicCounter::new()), threads, size, stop),
         Kind::Percpu(b) => run_on(Arc::new(PercpuCounter::new(b)?), threads, size, stop),
@@ -253,7 +281,7 @@ fn run_on<C: Counter>(
     threads: usize,
     size: usize,
     stop: Stop,
-) -> Result<Vec<(u64, Duration)>, String> {
+) -> Result<Vec<Worker>, String> {
     let cpus = allowed_cpus();
     if threads == 0 || threads > cpus.len() {
         return Err(format!(
@@ -268,7 +296,7 @@ fn run_on<C: Counter>(
         .iter()
         .map(|&cpu| {
             let (counter, start, stop_flag) = (counter.clone(), start.clone(), stop_flag.clone());
-            std::thread::spawn(move || -> Result<(u64, Duration), String> {
+            std::thread::spawn(move || -> Result<Worker, String> {
                 let pinned = pin_to(cpu);
                 let src = vec![0x5au8; size];
                 let mut dst = vec![0u8; size];
@@ -276,7 +304,7 @@ fn run_on<C: Counter>(
                 let (src, dst) = (&src[..size], &mut dst[..size]);
                 start.wait();
                 pinned?;
-                let t0 = Instant::now();
+                let (t0, cpu0) = (Instant::now(), thread_cpu_time());
                 let mut n = 0u64;
                 match stop {
                     Stop::After(_) => {
@@ -294,7 +322,11 @@ fn run_on<C: Counter>(
                         n = iters;
                     }
                 }
-                Ok((n, t0.elapsed()))
+                Ok(Worker {
+                    loops: n,
+                    wall: t0.elapsed(),
+                    cpu: thread_cpu_time().saturating_sub(cpu0),
+                })
             })
         })
         .collect();
@@ -331,12 +363,18 @@ pub fn measure(
     duration: Duration,
 ) -> Result<Sample, String> {
     let per_thread = run(kind, threads, size, Stop::After(duration))?;
+    let secs = |d: Duration| d.as_secs_f64().max(1e-9);
     Ok(Sample {
-        ops: per_thread.iter().map(|&(n, _)| n).sum(),
+        ops: per_thread.iter().map(|w| w.loops).sum(),
         ops_per_sec: per_thread
             .iter()
-            .map(|&(n, t)| n as f64 / t.as_secs_f64().max(1e-9))
+            .map(|w| w.loops as f64 / secs(w.wall))
             .sum(),
+        cpu_share: per_thread
+            .iter()
+            .map(|w| secs(w.cpu) / secs(w.wall))
+            .fold(f64::INFINITY, f64::min)
+            .min(1.0),
     })
 }
 
@@ -344,7 +382,7 @@ pub fn measure(
 /// the longest thread's busy time (spawning and pinning are not timed).
 pub fn time_iters(kind: Kind, threads: usize, size: usize, iters: u64) -> Duration {
     match run(kind, threads, size, Stop::Iters(iters)) {
-        Ok(per_thread) => per_thread.iter().map(|&(_, t)| t).max().unwrap_or_default(),
+        Ok(per_thread) => per_thread.iter().map(|w| w.wall).max().unwrap_or_default(),
         Err(e) => panic!("{e}"),
     }
 }

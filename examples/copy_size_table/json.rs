@@ -6,7 +6,8 @@
 //!  "unit": "loops per second, summed over threads",
 //!  "threads": [1, 2], "sizes": [0, 32], "kinds": ["atomic", "percpu/sharded"],
 //!  "cells": [{"kind": "atomic", "threads": 1, "size": 0, "median": 1.0,
-//!             "min": 1.0, "max": 1.0, "spread_pct": 0.0, "samples": [1.0]}]}
+//!             "min": 1.0, "max": 1.0, "spread_pct": 0.0, "min_cpu_share": 0.998,
+//!             "samples": [1.0]}]}
 //! ```
 
 use crate::results::Results;
@@ -83,7 +84,8 @@ pub fn render(r: &Results) -> String {
         .map(|c| {
             format!(
                 "    {{\"kind\": {}, \"threads\": {}, \"size\": {}, \"median\": {}, \
-                 \"min\": {}, \"max\": {}, \"spread_pct\": {}, \"samples\": {}}}",
+                 \"min\": {}, \"max\": {}, \"spread_pct\": {}, \"min_cpu_share\": {:.3}, \
+                 \"samples\": {}}}",
                 string(&c.kind.name()),
                 c.threads,
                 c.size,
@@ -91,6 +93,7 @@ pub fn render(r: &Results) -> String {
                 number(c.min()),
                 number(c.max()),
                 number(c.spread_pct()),
+                c.min_cpu_share(),
                 list(&c.samples, |&x| number(x)),
             )
         })
@@ -123,7 +126,7 @@ mod tests {
         assert!(
             j.contains(
                 "{\"kind\": \"atomic\", \"threads\": 1, \"size\": 0, \"median\": 100000000.0, \
-             \"min\": 99000000.0, \"max\": 102000000.0, \"spread_pct\": 3.0, \"samples\": \
+             \"min\": 99000000.0, \"max\": 102000000.0, \"spread_pct\": 3.0, \"min_cpu_share\": 0.990, \"samples\": \
              [99000000.0, 100000000.0, 102000000.0]}"
             ),
             "{j}"

@@ -76,13 +76,15 @@ fn run(
                     done += 1;
                     progress(format!(
                         "[{done}/{total}] rep {rep}/{} size {size:>4} threads {threads:>3} \
-                         {:<16} {:>14.0} loops/s",
+                         {:<16} {:>14.0} loops/s  cpu {:>3.0}%",
                         opts.reps,
                         kind.name(),
-                        sample.ops_per_sec
+                        sample.ops_per_sec,
+                        sample.cpu_share * 100.0
                     ));
                     if let Some(c) = r.cell_mut(kind, threads, size) {
                         c.samples.push(sample.ops_per_sec);
+                        c.cpu_shares.push(sample.cpu_share);
                     }
                 }
             }
@@ -134,6 +136,8 @@ mod tests {
         for c in &r.cells {
             assert_eq!(c.samples.len(), 2, "{c:?}");
             assert!(c.samples.iter().all(|&s| s > 0.0), "{c:?}");
+            assert_eq!(c.cpu_shares.len(), 2, "{c:?}");
+            assert!(c.cpu_shares.iter().all(|&s| s > 0.0 && s <= 1.0), "{c:?}");
         }
         let t = table::tables(&r);
         assert!(t.contains("One CPU.\ncopy size"), "{t}");

@@ -10,6 +10,8 @@ pub struct Cell {
     pub threads: usize,
     pub size: usize,
     pub samples: Vec<f64>,
+    /// Per run, the smallest share of wall time a thread was on a CPU.
+    pub cpu_shares: Vec<f64>,
 }
 
 impl Cell {
@@ -35,6 +37,11 @@ impl Cell {
 
     pub fn max(&self) -> f64 {
         self.sorted().last().copied().unwrap_or(0.0)
+    }
+
+    /// The smallest CPU share of any thread in any run (1.0 if unknown).
+    pub fn min_cpu_share(&self) -> f64 {
+        self.cpu_shares.iter().copied().fold(1.0, f64::min)
     }
 
     /// (max - min) / median, in percent.
@@ -117,6 +124,7 @@ impl Results {
                         threads: t,
                         size,
                         samples: Vec::new(),
+                        cpu_shares: Vec::new(),
                     });
                 }
             }
@@ -145,6 +153,14 @@ impl Results {
     /// The median of a cell, 0 when it was not measured.
     pub fn median(&self, kind: Kind, threads: usize, size: usize) -> f64 {
         self.cell(kind, threads, size).map_or(0.0, Cell::median)
+    }
+
+    /// The smallest CPU share seen in any run.
+    pub fn min_cpu_share(&self) -> f64 {
+        self.cells
+            .iter()
+            .map(Cell::min_cpu_share)
+            .fold(1.0, f64::min)
     }
 
     /// The largest thread count ("all CPUs").
@@ -199,6 +215,7 @@ pub(crate) mod tests {
                 Kind::Percpu(_) => 300e6 * c.threads as f64,
             } / (1.0 + c.size as f64 / 128.0);
             c.samples = vec![base * 0.99, base, base * 1.02];
+            c.cpu_shares = vec![1.0, 0.99, 1.0];
         }
         r
     }
@@ -210,7 +227,9 @@ pub(crate) mod tests {
             threads: 1,
             size: 0,
             samples: vec![5.0, 1.0, 3.0, 100.0],
+            cpu_shares: vec![0.5, 0.9],
         };
+        assert_eq!(c.min_cpu_share(), 0.5);
         assert_eq!(c.median(), 4.0);
         assert_eq!((c.min(), c.max()), (1.0, 100.0));
         assert!((c.spread_pct() - 99.0 / 4.0 * 100.0).abs() < 1e-9);

@@ -7,10 +7,11 @@ use crate::options::Scale;
 use crate::results::Results;
 use std::fmt::Write;
 
-const W: f64 = 720.0;
+const W: f64 = 900.0;
 const H: f64 = 450.0;
 const LEFT: f64 = 80.0;
-const RIGHT: f64 = 20.0;
+/// The legend lives in the right margin, clear of the data.
+const RIGHT: f64 = 250.0;
 const TOP: f64 = 50.0;
 const BOTTOM: f64 = 60.0;
 const COLOURS: [&str; 4] = ["#d62728", "#1f77b4", "#2ca02c", "#9467bd"];
@@ -48,7 +49,16 @@ impl Axes {
                     self.y_lo.log10().round() as i32,
                     self.y_hi.log10().round() as i32,
                 );
-                (lo..=hi).map(|e| 10f64.powi(e)).collect()
+                // Decades, and 2x / 5x marks when there are few decades.
+                let marks: &[f64] = if hi - lo <= 2 {
+                    &[1.0, 2.0, 5.0]
+                } else {
+                    &[1.0]
+                };
+                (lo..=hi)
+                    .flat_map(|e| marks.iter().map(move |m| m * 10f64.powi(e)))
+                    .filter(|v| *v <= self.y_hi * 1.0001)
+                    .collect()
             }
             Scale::Linear => (0..=5).map(|i| self.y_hi * i as f64 / 5.0).collect(),
         }
@@ -137,13 +147,13 @@ pub fn render(r: &Results, scale: Scale) -> String {
         s,
         "<text x=\"{}\" y=\"22\" text-anchor=\"middle\" font-size=\"14\">get + memcpy + put \
          loops per second, atomic vs percpu ({} y axis)</text>",
-        W / 2.0,
+        (LEFT + W - RIGHT) / 2.0,
         if scale == Scale::Log { "log" } else { "linear" }
     );
     let _ = writeln!(
         s,
         "<text x=\"{}\" y=\"38\" text-anchor=\"middle\" fill=\"#555\">{}; median of {} runs of {} ms</text>",
-        W / 2.0,
+        (LEFT + W - RIGHT) / 2.0,
         escape(&r.meta.machine()),
         r.meta.reps,
         r.meta.duration.as_millis()
@@ -212,7 +222,8 @@ pub fn render(r: &Results, scale: Scale) -> String {
         }
     }
     for (i, (colour, dash, label)) in legend.iter().enumerate() {
-        let y = TOP + 14.0 + 16.0 * i as f64;
+        let y = TOP + 8.0 + 18.0 * i as f64;
+        let x0 = x1 + 10.0;
         let _ = writeln!(
             s,
             "<line x1=\"{:.1}\" y1=\"{y:.1}\" x2=\"{:.1}\" y2=\"{y:.1}\" stroke=\"{colour}\" \
@@ -295,7 +306,7 @@ mod tests {
         let ax = axes(&r, &[0, 512], Scale::Log);
         assert_eq!(ax.y_lo, 1e7);
         assert_eq!(ax.y_hi, 1e9);
-        assert_eq!(ax.y_ticks(), vec![1e7, 1e8, 1e9]);
+        assert_eq!(ax.y_ticks(), vec![1e7, 2e7, 5e7, 1e8, 2e8, 5e8, 1e9]);
         assert!((ax.y(1e7) - (H - BOTTOM)).abs() < 1e-9);
         assert!((ax.y(1e9) - TOP).abs() < 1e-9);
     }

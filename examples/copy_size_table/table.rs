@@ -214,8 +214,20 @@ fn preamble(r: &Results) -> String {
         m.reps,
         m.duration.as_millis()
     );
+    let share = r.min_cpu_share();
+    if share < BUSY_SHARE {
+        let _ = writeln!(
+            s,
+            "WARNING: in some runs a thread was on a CPU only {:.0}% of the time: \
+             the machine was busy, so these numbers understate throughput and scaling.",
+            share * 100.0
+        );
+    }
     s
 }
+
+/// Below this CPU share a run was disturbed by other work on the machine.
+pub const BUSY_SHARE: f64 = 0.9;
 
 /// The kernel's tables, one per thread count, the ratio and the spread.
 pub fn tables(r: &Results) -> String {
@@ -307,6 +319,14 @@ pub fn markdown(r: &Results) -> String {
         }
         let _ = writeln!(out, "| {} |", row.join(" | "));
     }
+    let share = r.min_cpu_share();
+    if share < BUSY_SHARE {
+        let _ = writeln!(
+            out,
+            "\nWarning: a thread was on a CPU only {:.0}% of the time in some runs (busy machine).",
+            share * 100.0
+        );
+    }
     out
 }
 
@@ -349,6 +369,7 @@ mod tests {
             "Spread (max - min) / median over 3 runs.",
             "3.0%",
         ] {
+            assert!(!t.contains("WARNING"), "{t}");
             assert!(t.contains(want), "missing {want:?} in\n{t}");
         }
         // One CPU, size 0: atomic 100e6, percpu 300e6.
@@ -374,5 +395,14 @@ mod tests {
             "{md}"
         );
         assert!(md.contains("Test \"CPU\", 2 CPUs, Linux 6.0"));
+        assert!(!md.contains("Warning"));
+    }
+
+    #[test]
+    fn a_busy_machine_is_reported() {
+        let mut r = sample_results();
+        r.cells[3].cpu_shares[1] = 0.42;
+        assert!(tables(&r).contains("WARNING: in some runs a thread was on a CPU only 42%"));
+        assert!(markdown(&r).contains("only 42% of the time"));
     }
 }
