@@ -248,6 +248,10 @@ pub struct Sample {
     /// (1.0 = never descheduled). Below ~0.9 the machine was busy and the
     /// run understates what these threads can do.
     pub cpu_share: f64,
+    /// Sum over threads of loops per second *of CPU time*: on a busy
+    /// machine, a rough estimate of the undisturbed rate (exact for one
+    /// thread; for several it misses contention while a peer was off CPU).
+    pub ops_per_cpu_sec: f64,
 }
 
 /// What one worker measured.
@@ -369,6 +373,10 @@ pub fn measure(
         ops_per_sec: per_thread
             .iter()
             .map(|w| w.loops as f64 / secs(w.wall))
+            .sum(),
+        ops_per_cpu_sec: per_thread
+            .iter()
+            .map(|w| w.loops as f64 / secs(w.cpu))
             .sum(),
         cpu_share: per_thread
             .iter()

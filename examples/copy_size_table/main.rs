@@ -76,11 +76,12 @@ fn run(
                     done += 1;
                     progress(format!(
                         "[{done}/{total}] rep {rep}/{} size {size:>4} threads {threads:>3} \
-                         {:<16} {:>14.0} loops/s  cpu {:>3.0}%",
+                         {:<16} {:>14.0} loops/s  cpu {:>3.0}%  ({:.0} per cpu-s)",
                         opts.reps,
                         kind.name(),
                         sample.ops_per_sec,
-                        sample.cpu_share * 100.0
+                        sample.cpu_share * 100.0,
+                        sample.ops_per_cpu_sec
                     ));
                     if let Some(c) = r.cell_mut(kind, threads, size) {
                         c.samples.push(sample.ops_per_sec);

@@ -158,6 +158,17 @@ pub fn render(r: &Results, scale: Scale) -> String {
         r.meta.reps,
         r.meta.duration.as_millis()
     );
+    let share = r.min_cpu_share();
+    if share < crate::table::BUSY_SHARE {
+        let _ = writeln!(
+            s,
+            "<text x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"middle\" fill=\"#d62728\">busy machine: \
+             a thread was on a CPU only {:.0}% of the time in some runs</text>",
+            (LEFT + W - RIGHT) / 2.0,
+            TOP + 12.0,
+            share * 100.0
+        );
+    }
     // Axes, grid and labels.
     let (x0, x1, y0, y1) = (LEFT, W - RIGHT, H - BOTTOM, TOP);
     for v in ax.y_ticks() {
@@ -290,6 +301,7 @@ mod tests {
             assert_eq!(svg.matches("<circle").count(), 2 * 2 * 2);
             assert!(svg.contains("Test &quot;CPU&quot;"));
             assert!(svg.contains("atomic, copy size 512"));
+            assert!(!svg.contains("busy machine"));
             for cap in svg.split("cy=\"").skip(1) {
                 let y: f64 = cap.split('"').next().unwrap().parse().unwrap();
                 assert!(
