@@ -19,6 +19,7 @@ mod table;
 
 use options::{Format, Options, Parsed};
 use results::{Meta, Results};
+use std::io::Write;
 use std::process::ExitCode;
 
 fn main() -> ExitCode {
@@ -35,8 +36,18 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    // Open the plot file first, so that a bad path fails before a minute
+    // of measuring rather than after.
+    let svg_file = match opts.svg.as_deref().map(std::fs::File::create).transpose() {
+        Ok(f) => f,
+        Err(e) => {
+            let path = opts.svg.as_deref().unwrap_or_default();
+            eprintln!("copy_size_table: --svg {path}: cannot write: {e}");
+            return ExitCode::from(2);
+        }
+    };
     match run(&opts, cpus, &mut |line| eprintln!("{line}")) {
-        Ok(r) => match output(&opts, &r) {
+        Ok(r) => match output(&opts, &r, svg_file) {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {
                 eprintln!("copy_size_table: {e}");
@@ -94,14 +105,14 @@ fn run(
     Ok(r)
 }
 
-fn output(opts: &Options, r: &Results) -> Result<(), String> {
+fn output(opts: &Options, r: &Results, svg_file: Option<std::fs::File>) -> Result<(), String> {
     match opts.format {
         Format::Tables => print!("{}", table::tables(r)),
         Format::Json => print!("{}", json::render(r)),
         Format::Markdown => print!("{}", table::markdown(r)),
     }
-    if let Some(path) = &opts.svg {
-        std::fs::write(path, svg::render(r, opts.scale))
+    if let (Some(path), Some(mut f)) = (&opts.svg, svg_file) {
+        f.write_all(svg::render(r, opts.scale).as_bytes())
             .map_err(|e| format!("--svg {path}: cannot write: {e}"))?;
         eprintln!("copy_size_table: wrote {path}");
     }
