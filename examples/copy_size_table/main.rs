@@ -87,12 +87,13 @@ fn run(
                     done += 1;
                     progress(format!(
                         "[{done}/{total}] rep {rep}/{} size {size:>4} threads {threads:>3} \
-                         {:<16} {:>14.0} loops/s  cpu {:>3.0}%  ({:.0} per cpu-s)",
+                         {:<16} {:>14.0} loops/s  cpu {:>3.0}%  ({:.0} per cpu-s, {} loops)",
                         opts.reps,
                         kind.name(),
                         sample.ops_per_sec,
                         sample.cpu_share * 100.0,
-                        sample.ops_per_cpu_sec
+                        sample.ops_per_cpu_sec,
+                        sample.ops
                     ));
                     if let Some(c) = r.cell_mut(kind, threads, size) {
                         c.samples.push(sample.ops_per_sec);
