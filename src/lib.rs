@@ -107,6 +107,9 @@ pub mod percpu;
 mod percpu_ref;
 mod sync;
 
+#[cfg(doctest)]
+mod readme_doctests;
+
 pub use flags::{Error, InitFlags};
 pub use percpu::{backend, possible_cpus, Backend};
 pub use percpu_ref::PercpuRef;

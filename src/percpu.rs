@@ -4,18 +4,18 @@
 //! # The contract
 //!
 //! A ref's *mode word* (owned by [`PercpuRef`](crate::PercpuRef)) is in
-//! percpu mode exactly when its [`MODE_ATOMIC`] bit is clear. A backend owns
+//! percpu mode exactly when its `MODE_ATOMIC` bit is clear. A backend owns
 //! one counter per possible CPU (or per shard) for one ref and offers three
 //! operations:
 //!
-//! - [`try_add`](Counters::try_add): add `delta` (wrapping) to the calling
+//! - `try_add(mode, delta) -> bool`: add `delta` (wrapping) to the calling
 //!   CPU's counter *only if the ref is still in percpu mode*, atomically
 //!   with respect to a switch. `false` means nothing was counted and the
 //!   caller must take the atomic path.
-//! - [`seal_and_sum`](Counters::seal_and_sum): called by the switcher after
+//! - `seal_and_sum() -> u64`: called by the switcher after
 //!   it set `MODE_ATOMIC`. Returns, with the wrapping sum of all counters,
 //!   once no further `try_add` can be counted (the grace period).
-//! - [`reset`](Counters::reset): zero every counter. Called with the switch
+//! - `reset()`: zero every counter. Called with the switch
 //!   lock held while the mode is atomic and sealed, just before the mode
 //!   word is cleared with a release store.
 //!

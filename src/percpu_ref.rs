@@ -341,9 +341,7 @@ impl PercpuRef {
         }
         self.mode.store(mode | MODE_DEAD, Ordering::Release);
         let switch = self.switch_to_atomic_locked(&mut g, Some(confirm));
-        let mut deferred = Deferred::default();
-        self.put_locked(&mut deferred, "kill_and_confirm (base reference)");
-        self.finish_atomic_switch(&mut deferred, switch, "kill_and_confirm");
+        let deferred = self.finish_atomic_switch(switch, "kill_and_confirm", true);
         drop(g);
         self.run_deferred(deferred);
         Ok(())
@@ -384,8 +382,7 @@ impl PercpuRef {
         let mut g = self.lock_switch("switch_to_atomic");
         g.state.force_atomic = true;
         let switch = self.switch_to_atomic_locked(&mut g, Some(confirm));
-        let mut deferred = Deferred::default();
-        self.finish_atomic_switch(&mut deferred, switch, "switch_to_atomic");
+        let deferred = self.finish_atomic_switch(switch, "switch_to_atomic", false);
         drop(g);
         self.run_deferred(deferred);
     }
@@ -577,16 +574,24 @@ impl PercpuRef {
         }
     }
 
-    fn finish_atomic_switch(&self, d: &mut Deferred, s: AtomicSwitch, op: &str) {
+    /// Reports an underflow the fold found, then puts the base reference
+    /// (for a kill) and the temporary one, in the kernel's order. Runs
+    /// under the lock; the returned release and panic run after unlock.
+    fn finish_atomic_switch(&self, s: AtomicSwitch, op: &str, put_base: bool) -> Deferred {
+        let mut d = Deferred::default();
         if let Some(count) = s.underflow {
-            d.panic.get_or_insert(format!(
+            d.panic = Some(format!(
                 "percpu_ref::{op}: count underflow found when switching to atomic mode: \
                  the count is {count} (more puts than gets)"
             ));
         }
-        if s.temp_ref {
-            self.put_locked(d, op);
+        if put_base {
+            self.put_locked(&mut d, op);
         }
+        if s.temp_ref {
+            self.put_locked(&mut d, op);
+        }
+        d
     }
 
     /// One put under the switch lock; release and panics are deferred.
@@ -642,9 +647,7 @@ impl fmt::Debug for PercpuRef {
     }
 }
 
-// Inlined into every get/put (it is on the fast path, and without this a
-// non-generic function is not inlined across crates); the panic stays out
-// of line.
+/// On the fast path of every get and put: inlined, with the panic out of line.
 #[inline(always)]
 fn checked_n(op: &str, n: usize) -> u64 {
     let n = n as u64;
@@ -657,7 +660,7 @@ fn checked_n(op: &str, n: usize) -> u64 {
 #[cold]
 #[inline(never)]
 fn n_too_large(op: &str, n: u64) -> ! {
-    panic!("percpu_ref::{op}({n}): n is above the largest count, 2^62 - 1")
+    panic!("percpu_ref::{op}({n}): n is above the largest count, 2^62 - 1");
 }
 
 fn underflow_message(op: &str, n: u64, count: u64) -> String {
