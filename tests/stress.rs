@@ -3,7 +3,7 @@
 //!
 //! Every test checks exact counts and exactly-once, never-early release.
 
-use percpu_ref::{InitFlags, PercpuRef};
+use percpu_ref::{Backend, InitFlags, PercpuRef};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::SeqCst};
 use std::sync::{Arc, Barrier};
 use std::thread;
@@ -19,17 +19,23 @@ struct Counted {
     releases: Arc<AtomicUsize>,
 }
 
-fn counted(flags: InitFlags, on_release: impl Fn() + Send + Sync + 'static) -> Arc<Counted> {
+fn counted(
+    backend: Backend,
+    flags: InitFlags,
+    on_release: impl Fn() + Send + Sync + 'static,
+) -> Arc<Counted> {
     let releases = Arc::new(AtomicUsize::new(0));
     let r = {
         let releases = releases.clone();
-        PercpuRef::with_flags(
+        PercpuRef::with_backend(
             move |_| {
                 on_release();
                 releases.fetch_add(1, SeqCst);
             },
             flags,
+            backend,
         )
+        .expect("backend checked by the caller")
     };
     Arc::new(Counted { r, releases })
 }
@@ -53,11 +59,43 @@ fn join(handles: Vec<thread::JoinHandle<()>>) {
     }
 }
 
+/// Counts worker iterations in coarse steps, so that the main thread can
+/// act in the middle of the stream and prove afterwards that it did.
+struct Progress(AtomicUsize);
+
+impl Progress {
+    const STEP: usize = 1 << 12;
+
+    fn new() -> Arc<Self> {
+        Arc::new(Progress(AtomicUsize::new(0)))
+    }
+
+    fn tick(&self, k: usize) {
+        if k % Self::STEP == Self::STEP - 1 {
+            self.0.fetch_add(Self::STEP, SeqCst);
+        }
+    }
+
+    fn wait_until(&self, n: usize) {
+        while self.0.load(SeqCst) < n {
+            thread::yield_now();
+        }
+    }
+
+    fn now(&self) -> usize {
+        self.0.load(SeqCst)
+    }
+
+    /// What `now` reads once every worker finished `ops` iterations.
+    fn total(ops: usize) -> usize {
+        THREADS * (ops / Self::STEP) * Self::STEP
+    }
+}
+
 /// Each worker ends holding `i % 4` extra references, taken with every form
 /// of get, while a switcher flips the mode back and forth.
-#[test]
-fn counts_stay_exact_across_switch_round_trips() {
-    let c = counted(InitFlags::ALLOW_REINIT, || {});
+fn counts_stay_exact_across_switch_round_trips(backend: Backend) {
+    let c = counted(backend, InitFlags::ALLOW_REINIT, || {});
     let stop = Arc::new(AtomicBool::new(false));
     let switches = Arc::new(AtomicUsize::new(0));
     let switcher = {
@@ -128,12 +166,11 @@ fn counts_stay_exact_across_switch_round_trips() {
 
 /// Workers hold a reference while they get/put; the owner kills the ref in
 /// the middle. Release must run once, after the last worker's final put.
-#[test]
-fn kill_mid_stream_releases_once_after_the_last_put() {
+fn kill_mid_stream_releases_once_after_the_last_put(backend: Backend) {
     let finished = Arc::new(AtomicUsize::new(0));
     let c = {
         let finished = finished.clone();
-        counted(InitFlags::empty(), move || {
+        counted(backend, InitFlags::empty(), move || {
             assert_eq!(
                 finished.load(SeqCst),
                 THREADS,
@@ -141,25 +178,29 @@ fn kill_mid_stream_releases_once_after_the_last_put() {
             );
         })
     };
-    let start = Arc::new(Barrier::new(THREADS + 1));
+    let progress = Progress::new();
+    c.r.get_many(THREADS); // one per worker, taken before the kill
     let workers = {
-        let (c, start, finished) = (c.clone(), start.clone(), finished.clone());
+        let (c, finished, progress) = (c.clone(), finished.clone(), progress.clone());
         spawn_workers(THREADS, move |_| {
-            c.r.get();
-            start.wait();
-            for _ in 0..OPS {
+            for k in 0..OPS {
                 c.r.get();
                 c.r.put();
+                progress.tick(k);
             }
             finished.fetch_add(1, SeqCst);
             c.r.put();
         })
     };
-    start.wait();
-    thread::sleep(std::time::Duration::from_millis(5));
+    progress.wait_until(Progress::total(OPS) / 4);
     c.r.kill().unwrap();
+    let at_kill = progress.now();
     assert!(c.r.is_dying());
     join(workers);
+    assert!(
+        at_kill < Progress::total(OPS),
+        "the kill came after the stream ended"
+    );
     assert_eq!(c.releases.load(SeqCst), 1);
     assert!(c.r.is_zero());
 }
@@ -167,23 +208,21 @@ fn kill_mid_stream_releases_once_after_the_last_put() {
 /// tryget_live racing kill_and_confirm: a tryget_live that starts after the
 /// confirm was seen never succeeds; the ones that succeeded hold real
 /// references (the final count is exact).
-#[test]
-fn no_tryget_live_succeeds_after_confirm() {
-    let c = counted(InitFlags::empty(), || {});
+fn no_tryget_live_succeeds_after_confirm(backend: Backend) {
+    let c = counted(backend, InitFlags::empty(), || {});
     let confirmed = Arc::new(AtomicBool::new(false));
     let late_successes = Arc::new(AtomicUsize::new(0));
-    let start = Arc::new(Barrier::new(THREADS + 1));
+    let progress = Progress::new();
+    c.r.get_many(THREADS); // keeps the ref from releasing while they work
     let workers = {
-        let (c, confirmed, late, start) = (
+        let (c, confirmed, late, progress) = (
             c.clone(),
             confirmed.clone(),
             late_successes.clone(),
-            start.clone(),
+            progress.clone(),
         );
         spawn_workers(THREADS, move |_| {
-            c.r.get(); // keep the ref from releasing while we work
-            start.wait();
-            for _ in 0..OPS / 4 {
+            for k in 0..OPS / 4 {
                 let seen = confirmed.load(SeqCst);
                 if c.r.tryget_live() {
                     if seen {
@@ -191,16 +230,21 @@ fn no_tryget_live_succeeds_after_confirm() {
                     }
                     c.r.put();
                 }
+                progress.tick(k);
             }
             c.r.put();
         })
     };
-    start.wait();
-    thread::sleep(std::time::Duration::from_millis(5));
+    progress.wait_until(Progress::total(OPS / 4) / 4);
     let flag = confirmed.clone();
     c.r.kill_and_confirm(move |_| flag.store(true, SeqCst))
         .unwrap();
+    let at_kill = progress.now();
     join(workers);
+    assert!(
+        at_kill < Progress::total(OPS / 4),
+        "the kill came after the stream ended"
+    );
     assert_eq!(
         late_successes.load(SeqCst),
         0,
@@ -211,14 +255,19 @@ fn no_tryget_live_succeeds_after_confirm() {
 
 /// Kill / resurrect cycles while workers hold references and get/put; the
 /// ref never reaches zero until the very end, then releases once.
-#[test]
-fn kill_and_resurrect_cycles_keep_the_count() {
-    let c = counted(InitFlags::ALLOW_REINIT, || {});
+fn kill_and_resurrect_cycles_keep_the_count(backend: Backend) {
+    let c = counted(backend, InitFlags::ALLOW_REINIT, || {});
     let stop = Arc::new(AtomicBool::new(false));
     let cycles = Arc::new(AtomicUsize::new(0));
     let start = Arc::new(Barrier::new(THREADS + 1));
+    let seen_by_a_worker = Arc::new(AtomicUsize::new(0));
     let workers = {
-        let (c, start) = (c.clone(), start.clone());
+        let (c, start, cycles, seen) = (
+            c.clone(),
+            start.clone(),
+            cycles.clone(),
+            seen_by_a_worker.clone(),
+        );
         spawn_workers(THREADS, move |_| {
             c.r.get();
             start.wait();
@@ -234,6 +283,8 @@ fn kill_and_resurrect_cycles_keep_the_count() {
                     c.r.put();
                 }
             }
+            // Cycles completed before this worker finished its stream.
+            seen.fetch_max(cycles.load(SeqCst), SeqCst);
         })
     };
     start.wait();
@@ -257,21 +308,28 @@ fn kill_and_resurrect_cycles_keep_the_count() {
     c.r.put_many(THREADS);
     c.r.kill().unwrap();
     assert_eq!(c.releases.load(SeqCst), 1);
-    assert!(cycles.load(SeqCst) > 0);
+    assert!(
+        seen_by_a_worker.load(SeqCst) > 0,
+        "no kill/resurrect cycle overlapped the workers' streams"
+    );
     eprintln!("{} kill/resurrect cycles", cycles.load(SeqCst));
 }
 
 /// Per-CPU storage is indexed by possible CPUs: a process confined to CPU 1
 /// (as under `taskset -c 1`) counts exactly.
+#[cfg(not(target_os = "linux"))]
+fn exact_when_confined_to_cpu_1(_: Backend) {
+    eprintln!("skipped: CPU affinity is Linux-only here");
+}
+
 #[cfg(target_os = "linux")]
-#[test]
-fn exact_when_confined_to_cpu_1() {
+fn exact_when_confined_to_cpu_1(backend: Backend) {
     if percpu_ref::possible_cpus() < 2 {
         eprintln!("skipped: one possible CPU");
         return;
     }
     // Children inherit the affinity of the thread that spawns them.
-    let confined = thread::spawn(|| {
+    let confined = thread::spawn(move || {
         // SAFETY: cpu_set_t is plain data, zero is a valid empty set, and
         // sched_setaffinity(0, ...) affects only the calling thread.
         let ok = unsafe {
@@ -283,7 +341,7 @@ fn exact_when_confined_to_cpu_1() {
             eprintln!("skipped: cannot run on CPU 1");
             return;
         }
-        let c = counted(InitFlags::empty(), || {});
+        let c = counted(backend, InitFlags::empty(), || {});
         let workers = {
             let c = c.clone();
             spawn_workers(THREADS, move |_| {
@@ -304,3 +362,37 @@ fn exact_when_confined_to_cpu_1() {
     });
     confined.join().unwrap();
 }
+
+/// Runs every scenario above on each backend this process can use.
+macro_rules! on_every_backend {
+    ($($name:ident),* $(,)?) => {
+        mod rseq {
+            $(
+                #[test]
+                fn $name() {
+                    if !super::Backend::Rseq.is_available() {
+                        eprintln!("skipped: rseq backend not available here");
+                        return;
+                    }
+                    super::$name(super::Backend::Rseq);
+                }
+            )*
+        }
+        mod sharded {
+            $(
+                #[test]
+                fn $name() {
+                    super::$name(super::Backend::Sharded);
+                }
+            )*
+        }
+    };
+}
+
+on_every_backend!(
+    counts_stay_exact_across_switch_round_trips,
+    kill_mid_stream_releases_once_after_the_last_put,
+    no_tryget_live_succeeds_after_confirm,
+    kill_and_resurrect_cycles_keep_the_count,
+    exact_when_confined_to_cpu_1
+);
