@@ -2,11 +2,13 @@
 //! kernel's order; children offline and freed before their parents; the
 //! errors of busy and removed cgroups.
 
+mod css_common;
+use css_common::check_lifecycle;
+
 use percpu_ref::css::{
-    BusyReason, Cgroup, CgroupError, Css, CssState, Event, EventKind, EventLog, Hierarchy,
-    Options, Pages, Recorder, RefcntMode, Subsys, WorkMode,
+    BusyReason, Cgroup, CgroupError, Css, CssState, Event, EventKind, EventLog, Hierarchy, Options,
+    Pages, Recorder, RefcntMode, Subsys, WorkMode,
 };
-use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 fn two_recorders() -> (EventLog, Vec<Arc<dyn Subsys>>) {
@@ -20,67 +22,6 @@ fn two_recorders() -> (EventLog, Vec<Arc<dyn Subsys>>) {
 
 fn events(log: &EventLog) -> Vec<Event> {
     log.lock().unwrap().clone()
-}
-
-/// Checks every css in `log` went through exactly Alloc, Online, Offline,
-/// Released, Free (the root only Alloc, Online while the hierarchy lives),
-/// and that for every parent/child pair the child's offline and free come
-/// first. Returns the number of non-root csses checked.
-fn check_lifecycle(log: &[Event]) -> usize {
-    use EventKind::*;
-    let mut per_css: HashMap<(String, String), Vec<(usize, EventKind)>> = HashMap::new();
-    for (i, e) in log.iter().enumerate() {
-        per_css
-            .entry((e.subsys.clone(), e.path.clone()))
-            .or_default()
-            .push((i, e.kind));
-    }
-    let mut checked = 0;
-    for ((ss, path), evs) in &per_css {
-        let kinds: Vec<EventKind> = evs.iter().map(|e| e.1).collect();
-        if path == "/" {
-            assert_eq!(kinds, [Alloc, Online], "root css of {ss}");
-            continue;
-        }
-        // A path can be reused after removal: check each generation.
-        assert_eq!(kinds.len() % 5, 0, "{ss} {path}: {kinds:?}");
-        for gen in kinds.chunks(5) {
-            assert_eq!(gen, [Alloc, Online, Offline, Released, Free], "{ss} {path}");
-            checked += 1;
-        }
-        let parent = match path.rfind('/') {
-            Some(0) => "/".to_string(),
-            Some(i) => path[..i].to_string(),
-            None => unreachable!(),
-        };
-        if parent == "/" {
-            continue;
-        }
-        let pevs = &per_css[&(ss.clone(), parent.clone())];
-        for (i, kind) in evs {
-            if *kind == Offline || *kind == Free {
-                // The parent generation alive at the child's event must do
-                // the same thing later.
-                let alloc_before = pevs
-                    .iter()
-                    .filter(|(j, k)| *k == Alloc && j < i)
-                    .map(|(j, _)| *j)
-                    .max()
-                    .expect("parent allocated before child");
-                let parent_same = pevs
-                    .iter()
-                    .find(|(j, k)| *k == *kind && *j > alloc_before)
-                    .map(|(j, _)| *j);
-                if let Some(j) = parent_same {
-                    assert!(
-                        j > *i,
-                        "{ss}: {kind:?} of parent {parent} (#{j}) before child {path} (#{i})"
-                    );
-                }
-            }
-        }
-    }
-    checked
 }
 
 fn sample_tree(refcnt: RefcntMode) {
@@ -276,7 +217,9 @@ fn states_seen_by_callbacks_and_queries() {
     assert_eq!(css.refcnt_atomic_count(), Some(1));
     {
         let guard = h.rcu_read_lock();
-        let found = h.css_from_id(0, id, &guard).expect("published until release");
+        let found = h
+            .css_from_id(0, id, &guard)
+            .expect("published until release");
         assert!(found.tryget_online().is_none());
         assert!(found.tryget().is_some());
     }
@@ -339,7 +282,10 @@ fn mkdir_refused_by_a_subsystem_undoes_everything() {
     });
     let h = Hierarchy::new(vec![Recorder::with_log("memory", log.clone()), picky]);
     let e = h.mkdir(&h.root(), "a").unwrap_err();
-    assert_eq!(e.to_string(), "mkdir /a: picky's css_online refused: no room");
+    assert_eq!(
+        e.to_string(),
+        "mkdir /a: picky's css_online refused: no room"
+    );
     assert!(h.flush());
     assert_eq!(h.nr_css(), 0);
     let of = |ss: &str| -> Vec<EventKind> {
