@@ -21,10 +21,10 @@
 //! allows (an offline still pending while the parent is removed) easy to
 //! set up in tests.
 
-use super::css::{kill_css, online_css, Css, CssInit, CssPtr, CssRef, Work, CSS_NO_REF};
 use super::idr::Idr;
 use super::rcu::{self, RcuGuard};
 use super::subsys::Subsys;
+use super::subsys_state::{kill_css, online_css, Css, CssInit, CssPtr, CssRef, Work, CSS_NO_REF};
 use crate::sync::{self, AtomicBool, AtomicPtr, AtomicUsize, Mutex, MutexGuard, Ordering};
 use std::collections::{BTreeMap, VecDeque};
 use std::fmt;

@@ -14,7 +14,7 @@
 //! hierarchy's `cgroup_mutex`; the allocation state has its own lock only
 //! to keep the type self-contained.
 
-use super::css::Css;
+use super::subsys_state::Css;
 use crate::sync::{self, AtomicPtr, Mutex, Ordering};
 use std::ptr;
 

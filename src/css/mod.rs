@@ -109,17 +109,17 @@
 //! ]);
 //! ```
 
-mod css;
 mod hierarchy;
 mod idr;
 mod rcu;
 mod subsys;
+mod subsys_state;
 mod task;
 
-pub use css::{Css, CssRef, CssRefs, CssState};
 pub use hierarchy::{BusyReason, Cgroup, CgroupError, Hierarchy, Options, RefcntMode, WorkMode};
 pub use rcu::RcuGuard;
 pub use subsys::{Event, EventKind, EventLog, Recorder, Subsys};
+pub use subsys_state::{Css, CssRef, CssRefs, CssState};
 pub use task::{CssSet, Pages, Task};
 
 #[cfg(doc)]

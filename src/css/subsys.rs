@@ -1,7 +1,7 @@
 //! Subsystems (controllers): the kernel's `struct cgroup_subsys` callbacks,
 //! and [`Recorder`], a subsystem that writes every callback to a log.
 
-use super::css::Css;
+use super::subsys_state::Css;
 use std::fmt;
 use std::sync::{Arc, Mutex};
 

@@ -9,8 +9,8 @@
 //! on the css it is charged to, so a removed cgroup's css stays (offline)
 //! until its last page is uncharged or moved away.
 
-use super::css::{Css, CssPtr, CssRef};
 use super::hierarchy::Cgroup;
+use super::subsys_state::{Css, CssPtr, CssRef};
 use arc_swap::ArcSwap;
 use std::fmt;
 use std::sync::Arc;
