@@ -102,6 +102,7 @@
 #![warn(missing_docs)]
 
 mod atomic_mode;
+pub mod css;
 mod flags;
 pub mod percpu;
 mod percpu_ref;
