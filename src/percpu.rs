@@ -34,6 +34,8 @@
 //! per ref for comparisons ([`PercpuRef::with_backend`](crate::PercpuRef::with_backend)).
 
 pub(crate) mod cpus;
+#[cfg(loom)]
+mod model;
 mod sharded;
 
 use crate::sync::AtomicUsize;
@@ -81,7 +83,8 @@ impl Backend {
     pub fn is_available(self) -> bool {
         match self {
             Backend::Sharded => true,
-            Backend::Rseq => false,
+            // Under loom, `Rseq` is the model of the rseq backend.
+            Backend::Rseq => cfg!(loom),
         }
     }
 }
@@ -127,6 +130,9 @@ fn detect_backend() -> Backend {
 /// perfectly predicted branch, and every variant inlines.
 pub(crate) enum Counters {
     Sharded(sharded::Shards),
+    /// Under loom, the model of the rseq backend (`percpu/model.rs`).
+    #[cfg(loom)]
+    Model(model::ModelCpus),
 }
 
 impl Counters {
@@ -134,6 +140,9 @@ impl Counters {
     pub(crate) fn new(backend: Backend) -> Self {
         match backend {
             Backend::Sharded => Counters::Sharded(sharded::Shards::new()),
+            #[cfg(loom)]
+            Backend::Rseq => Counters::Model(model::ModelCpus::new()),
+            #[cfg(not(loom))]
             Backend::Rseq => unreachable!("rseq backend requested but not available"),
         }
     }
@@ -142,6 +151,8 @@ impl Counters {
     pub(crate) fn backend(&self) -> Backend {
         match self {
             Counters::Sharded(_) => Backend::Sharded,
+            #[cfg(loom)]
+            Counters::Model(_) => Backend::Rseq,
         }
     }
 
@@ -150,6 +161,8 @@ impl Counters {
     pub(crate) fn try_add(&self, mode: &AtomicUsize, delta: u64) -> bool {
         match self {
             Counters::Sharded(s) => s.try_add(mode, delta),
+            #[cfg(loom)]
+            Counters::Model(s) => s.try_add(mode, delta),
         }
     }
 
@@ -157,6 +170,8 @@ impl Counters {
     pub(crate) fn seal_and_sum(&self) -> u64 {
         match self {
             Counters::Sharded(s) => s.seal_and_sum(),
+            #[cfg(loom)]
+            Counters::Model(s) => s.seal_and_sum(),
         }
     }
 
@@ -164,6 +179,8 @@ impl Counters {
     pub(crate) fn reset(&self) {
         match self {
             Counters::Sharded(s) => s.reset(),
+            #[cfg(loom)]
+            Counters::Model(s) => s.reset(),
         }
     }
 
@@ -171,6 +188,8 @@ impl Counters {
     pub(crate) fn storage_bytes(&self) -> usize {
         match self {
             Counters::Sharded(s) => s.storage_bytes(),
+            #[cfg(loom)]
+            Counters::Model(s) => s.storage_bytes(),
         }
     }
 }

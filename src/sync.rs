@@ -35,6 +35,6 @@ pub(crate) fn thread_token() -> usize {
     #[cfg(loom)]
     loom::thread_local! { static TOKEN: u8 = 0; }
     #[cfg(not(loom))]
-    std::thread_local! { static TOKEN: u8 = 0; }
+    std::thread_local! { static TOKEN: u8 = const { 0 }; }
     TOKEN.with(|t| t as *const u8 as usize)
 }
