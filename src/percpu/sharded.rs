@@ -106,7 +106,14 @@ impl Shards {
 
     pub(crate) fn reset(&self) {
         for s in self.shards.iter() {
-            s.store(0, Ordering::Release);
+            // A swap, not a store: a late add from the previous percpu period
+            // may hit the shard now, and must be ordered wholly before or
+            // after the reset. A store would be equally correct, but loom
+            // lets a plain store land between the read and the write of a
+            // concurrent RMW (tokio-rs/loom#254) and then reports a shard
+            // sealed twice; with a swap loom checks exactly the shipped code.
+            // Reset runs once per switch to percpu mode, so the cost is nil.
+            s.swap(0, Ordering::Release);
         }
     }
 
