@@ -263,10 +263,11 @@ fn switch_vs_switch_and_get_put(backend: Backend) {
 
 // ----- 5. kill then resurrect / reinit, against tryget and tryget_live -----
 
-/// Model 5a: kill then resurrect while tryget and tryget_live run. A
-/// tryget_live that runs wholly between confirm and the start of resurrect
-/// fails; tryget never fails (a reference is held throughout); afterwards
-/// the ref is alive, percpu, and its count exact.
+/// Model 5a: kill then resurrect while another thread tries tryget_live
+/// and then tryget. A tryget_live that runs wholly between confirm and the
+/// start of resurrect fails; tryget never fails (the owner holds a
+/// reference throughout); afterwards the ref is alive, percpu, and its
+/// count exact.
 fn kill_resurrect_vs_trygets(backend: Backend) {
     const ALIVE: usize = 0;
     const DEAD: usize = 1;
@@ -275,41 +276,31 @@ fn kill_resurrect_vs_trygets(backend: Backend) {
     let p = Probe::new(0);
     let r = counting_ref(&p, InitFlags::ALLOW_REINIT, backend);
     r.get(); // held by the owner across kill and resurrect
-    let live = {
+    let tryer = {
         let (r, phase) = (r.clone(), phase.clone());
         spawn(move || {
             let before = phase.load(SeqCst);
-            let got = r.tryget_live();
+            let live = r.tryget_live();
             let after = phase.load(SeqCst);
             if before == DEAD && after == DEAD {
-                assert!(!got, "tryget_live succeeded on a dead ref");
+                assert!(!live, "tryget_live succeeded on a dead ref");
             }
-            if got {
-                r.put();
-            }
-        })
-    };
-    let any = {
-        let r = r.clone();
-        spawn(move || {
             assert!(r.tryget(), "tryget failed with a reference held");
             r.put();
+            if live {
+                r.put();
+            }
         })
     };
     r.kill_and_confirm(|_| phase.store(DEAD, SeqCst)).unwrap();
     phase.store(REVIVING, SeqCst);
     r.resurrect().unwrap();
     r.put();
-    live.join().unwrap();
-    any.join().unwrap();
+    tryer.join().unwrap();
     assert_eq!(p.releases(), 0, "released while a reference was held");
     assert!(r.is_percpu() && !r.is_dying());
     r.kill().unwrap();
-    assert_eq!(
-        p.releases(),
-        1,
-        "the revived base must be the last reference"
-    );
+    assert_eq!(p.releases(), 1, "the revived base must be the last reference");
 }
 
 /// Model 5b: kill then reinit while a tryget runs. reinit succeeds exactly
