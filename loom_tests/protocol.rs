@@ -300,7 +300,11 @@ fn kill_resurrect_vs_trygets(backend: Backend) {
     assert_eq!(p.releases(), 0, "released while a reference was held");
     assert!(r.is_percpu() && !r.is_dying());
     r.kill().unwrap();
-    assert_eq!(p.releases(), 1, "the revived base must be the last reference");
+    assert_eq!(
+        p.releases(),
+        1,
+        "the revived base must be the last reference"
+    );
 }
 
 /// Model 5b: kill then reinit while a tryget runs. reinit succeeds exactly
