@@ -50,7 +50,7 @@ fn main() {
             std::process::exit(2);
         }
     };
-    #[cfg(all(percpu_ref_callgrind, target_os = "linux", target_arch = "x86_64"))]
+    #[cfg(all(percpu_ref_callgrind, percpu_ref_rseq))]
     if what == "rseq" {
         // SAFETY: called first, and this program uses refs on this thread
         // only and never switches them.

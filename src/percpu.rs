@@ -36,30 +36,27 @@
 //! The backend is chosen once per process ([`backend`]) and can be overridden
 //! per ref for comparisons ([`PercpuRef::with_backend`](crate::PercpuRef::with_backend)).
 
-#[cfg(all(target_os = "linux", target_arch = "x86_64", not(loom)))]
+#[cfg(percpu_ref_rseq)]
 mod arena;
 pub(crate) mod cpus;
-#[cfg(all(target_os = "linux", target_arch = "x86_64", not(loom)))]
+#[cfg(loom)]
+mod model;
+#[cfg(percpu_ref_rseq)]
 mod rseq;
-#[cfg(all(target_os = "linux", target_arch = "x86_64", not(loom)))]
+#[cfg(percpu_ref_rseq)]
 mod rseq_abi;
 mod sharded;
 
 use crate::sync::AtomicUsize;
 use std::fmt;
 
-#[cfg(all(target_os = "linux", target_arch = "x86_64", not(loom)))]
+#[cfg(percpu_ref_rseq)]
 pub use arena::{arena_stats, ArenaStats};
 pub use cpus::possible_cpus;
-#[cfg(all(
-    target_os = "linux",
-    target_arch = "x86_64",
-    not(loom),
-    percpu_ref_callgrind
-))]
+#[cfg(all(percpu_ref_rseq, percpu_ref_callgrind))]
 #[doc(hidden)]
 pub use rseq_abi::force_fake_area_for_instruction_counting;
-#[cfg(all(target_os = "linux", target_arch = "x86_64", not(loom)))]
+#[cfg(percpu_ref_rseq)]
 pub use rseq_abi::rseq_aborts;
 
 /// Mode bit: the ref counts in its shared atomic counter.
@@ -119,9 +116,12 @@ impl Backend {
     pub fn is_available(self) -> bool {
         match self {
             Backend::Sharded => true,
-            #[cfg(all(target_os = "linux", target_arch = "x86_64", not(loom)))]
+            // Under loom, `Rseq` is the model of the rseq backend.
+            #[cfg(loom)]
+            Backend::Rseq => true,
+            #[cfg(percpu_ref_rseq)]
             Backend::Rseq => rseq_abi::available(),
-            #[cfg(not(all(target_os = "linux", target_arch = "x86_64", not(loom))))]
+            #[cfg(not(any(loom, percpu_ref_rseq)))]
             Backend::Rseq => false,
         }
     }
@@ -167,9 +167,12 @@ fn detect_backend() -> Backend {
 /// An enum rather than a trait object: the match on the fast path is one
 /// perfectly predicted branch, and every variant inlines.
 pub(crate) enum Counters {
-    #[cfg(all(target_os = "linux", target_arch = "x86_64", not(loom)))]
+    #[cfg(percpu_ref_rseq)]
     Rseq(rseq::RseqCounters),
     Sharded(sharded::Shards),
+    /// Under loom, the model of the rseq backend (`percpu/model.rs`).
+    #[cfg(loom)]
+    Model(model::ModelCpus),
 }
 
 impl Counters {
@@ -177,7 +180,9 @@ impl Counters {
     pub(crate) fn new(backend: Backend) -> Self {
         match backend {
             Backend::Sharded => Counters::Sharded(sharded::Shards::new()),
-            #[cfg(all(target_os = "linux", target_arch = "x86_64", not(loom)))]
+            #[cfg(loom)]
+            Backend::Rseq => Counters::Model(model::ModelCpus::new()),
+            #[cfg(percpu_ref_rseq)]
             Backend::Rseq if rseq_abi::available() => Counters::Rseq(rseq::RseqCounters::new()),
             Backend::Rseq => unreachable!("rseq backend requested but not available"),
         }
@@ -186,9 +191,11 @@ impl Counters {
     /// The backend these counters live on.
     pub(crate) fn backend(&self) -> Backend {
         match self {
-            #[cfg(all(target_os = "linux", target_arch = "x86_64", not(loom)))]
+            #[cfg(percpu_ref_rseq)]
             Counters::Rseq(_) => Backend::Rseq,
             Counters::Sharded(_) => Backend::Sharded,
+            #[cfg(loom)]
+            Counters::Model(_) => Backend::Rseq,
         }
     }
 
@@ -196,36 +203,44 @@ impl Counters {
     #[inline(always)]
     pub(crate) fn try_add(&self, mode: &AtomicUsize, delta: u64) -> bool {
         match self {
-            #[cfg(all(target_os = "linux", target_arch = "x86_64", not(loom)))]
+            #[cfg(percpu_ref_rseq)]
             Counters::Rseq(r) => r.try_add(mode, delta),
             Counters::Sharded(s) => s.try_add(mode, delta),
+            #[cfg(loom)]
+            Counters::Model(s) => s.try_add(mode, delta),
         }
     }
 
     /// Waits until no `try_add` can count any more; returns the sum.
     pub(crate) fn seal_and_sum(&self) -> u64 {
         match self {
-            #[cfg(all(target_os = "linux", target_arch = "x86_64", not(loom)))]
+            #[cfg(percpu_ref_rseq)]
             Counters::Rseq(r) => r.seal_and_sum(),
             Counters::Sharded(s) => s.seal_and_sum(),
+            #[cfg(loom)]
+            Counters::Model(s) => s.seal_and_sum(),
         }
     }
 
     /// Zeroes every counter (mode is atomic and sealed, lock held).
     pub(crate) fn reset(&self) {
         match self {
-            #[cfg(all(target_os = "linux", target_arch = "x86_64", not(loom)))]
+            #[cfg(percpu_ref_rseq)]
             Counters::Rseq(r) => r.reset(),
             Counters::Sharded(s) => s.reset(),
+            #[cfg(loom)]
+            Counters::Model(s) => s.reset(),
         }
     }
 
     /// Bytes of per-CPU storage this ref owns (for accounting and docs).
     pub(crate) fn storage_bytes(&self) -> usize {
         match self {
-            #[cfg(all(target_os = "linux", target_arch = "x86_64", not(loom)))]
+            #[cfg(percpu_ref_rseq)]
             Counters::Rseq(r) => r.storage_bytes(),
             Counters::Sharded(s) => s.storage_bytes(),
+            #[cfg(loom)]
+            Counters::Model(s) => s.storage_bytes(),
         }
     }
 }

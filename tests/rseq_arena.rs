@@ -1,7 +1,7 @@
 //! The per-CPU arena's accounting: what a ref on the rseq backend costs,
 //! and that slots are reused after drop. One test in this binary, so no
 //! other test allocates from the arena meanwhile.
-#![cfg(all(target_os = "linux", target_arch = "x86_64"))]
+#![cfg(percpu_ref_rseq)]
 
 use percpu_ref::percpu::arena_stats;
 use percpu_ref::{possible_cpus, Backend, InitFlags, PercpuRef};

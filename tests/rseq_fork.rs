@@ -6,7 +6,7 @@
 //! kernel refused the command) and its counts stay exact with threads of
 //! its own. One test in this binary, so no other test thread holds a lock
 //! at the fork.
-#![cfg(all(target_os = "linux", target_arch = "x86_64"))]
+#![cfg(percpu_ref_rseq)]
 
 use percpu_ref::{backend, Backend, InitFlags, PercpuRef};
 use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};

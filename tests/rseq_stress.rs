@@ -11,7 +11,7 @@
 //! Sizes: 16 workers; 10^7 get+put operations each in release builds,
 //! 2 * 10^5 in debug builds (run `cargo test --release --test rseq_stress`
 //! for the full size).
-#![cfg(all(target_os = "linux", target_arch = "x86_64"))]
+#![cfg(percpu_ref_rseq)]
 
 use percpu_ref::{backend, percpu::rseq_aborts, Backend, InitFlags, PercpuRef};
 use std::process::Command;
