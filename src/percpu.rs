@@ -184,6 +184,7 @@ impl Counters {
             Backend::Rseq => Counters::Model(model::ModelCpus::new()),
             #[cfg(percpu_ref_rseq)]
             Backend::Rseq if rseq_abi::available() => Counters::Rseq(rseq::RseqCounters::new()),
+            #[cfg(not(loom))]
             Backend::Rseq => unreachable!("rseq backend requested but not available"),
         }
     }

@@ -503,6 +503,7 @@ pub(crate) fn kill_css(p: CssPtr) {
     // base reference until this kill.
     let css = unsafe { p.get() };
     css.set_flags(CSS_DYING);
+    // mutant css_no_kill_ref: kill without the extra reference.
     if !cfg!(percpu_ref_mutant = "css_no_kill_ref") {
         css.get_raw(1);
     }
@@ -521,6 +522,7 @@ fn css_killed_ref_fn(p: CssPtr) {
     // SAFETY: the kill holds the base and the extra reference.
     let css = unsafe { p.get() };
     let last = css.online_cnt.fetch_sub(1, Ordering::AcqRel) == 1;
+    // mutant css_no_online_cnt: offline at once, whatever the children.
     if last || cfg!(percpu_ref_mutant = "css_no_online_cnt") {
         hier_of(css).queue_work(Work::Offline(p));
     }
