@@ -21,7 +21,11 @@
 use crate::sync::{AtomicU64, Ordering};
 
 /// Added to the atomic counter while per-CPU counters are in use.
+#[cfg(not(percpu_ref_mutant = "no_bias"))]
 pub(crate) const BIAS: u64 = 1 << 63;
+// mutant no_bias: the atomic counter holds only what was added to it directly.
+#[cfg(percpu_ref_mutant = "no_bias")]
+pub(crate) const BIAS: u64 = 0;
 /// The largest `n` accepted by the `_many` operations, and the bound on a
 /// true count.
 pub(crate) const MAX_COUNT: u64 = (1 << 62) - 1;

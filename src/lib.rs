@@ -102,11 +102,15 @@
 #![warn(missing_docs)]
 
 mod atomic_mode;
+pub mod css;
 mod flags;
 pub mod owned;
 pub mod percpu;
 mod percpu_ref;
 mod sync;
+
+#[cfg(doctest)]
+mod readme_doctests;
 
 pub use flags::{Error, InitFlags};
 pub use owned::{FreezeTimeout, Frozen, Killed, Owner, Ref, Weak};

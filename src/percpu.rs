@@ -4,18 +4,18 @@
 //! # The contract
 //!
 //! A ref's *mode word* (owned by [`PercpuRef`](crate::PercpuRef)) is in
-//! percpu mode exactly when its [`MODE_ATOMIC`] bit is clear. A backend owns
+//! percpu mode exactly when its `MODE_ATOMIC` bit is clear. A backend owns
 //! one counter per possible CPU (or per shard) for one ref and offers three
 //! operations:
 //!
-//! - [`try_add`](Counters::try_add): add `delta` (wrapping) to the calling
+//! - `try_add(mode, delta) -> bool`: add `delta` (wrapping) to the calling
 //!   CPU's counter *only if the ref is still in percpu mode*, atomically
 //!   with respect to a switch. `false` means nothing was counted and the
 //!   caller must take the atomic path.
-//! - [`seal_and_sum`](Counters::seal_and_sum): called by the switcher after
+//! - `seal_and_sum() -> u64`: called by the switcher after
 //!   it set `MODE_ATOMIC`. Returns, with the wrapping sum of all counters,
 //!   once no further `try_add` can be counted (the grace period).
-//! - [`reset`](Counters::reset): zero every counter. Called with the switch
+//! - `reset()`: zero every counter. Called with the switch
 //!   lock held while the mode is atomic and sealed, just before the mode
 //!   word is cleared with a release store.
 //!
@@ -27,19 +27,37 @@
 //!
 //! - [`Backend::Sharded`] (`percpu/sharded.rs`): cache-padded atomic shards
 //!   that the switcher *seals*; portable, loom-checkable as is.
-//! - [`Backend::Rseq`]: true per-CPU counting with restartable sequences on
-//!   Linux and a `membarrier` grace period (see `percpu/rseq.rs` when built).
+//! - [`Backend::Rseq`] (`percpu/rseq.rs`, Linux x86_64): true per-CPU
+//!   counting with a restartable sequence on glibc's rseq area, a
+//!   `membarrier` grace period (`percpu/rseq_abi.rs`) and counters in a
+//!   per-CPU arena (`percpu/arena.rs`, see [`arena_stats`]). Other targets,
+//!   aarch64 included for now, use the sharded backend.
 //!
 //! The backend is chosen once per process ([`backend`]) and can be overridden
 //! per ref for comparisons ([`PercpuRef::with_backend`](crate::PercpuRef::with_backend)).
 
+#[cfg(percpu_ref_rseq)]
+mod arena;
 pub(crate) mod cpus;
+#[cfg(loom)]
+mod model;
+#[cfg(percpu_ref_rseq)]
+mod rseq;
+#[cfg(percpu_ref_rseq)]
+mod rseq_abi;
 mod sharded;
 
 use crate::sync::AtomicUsize;
 use std::fmt;
 
+#[cfg(percpu_ref_rseq)]
+pub use arena::{arena_stats, ArenaStats};
 pub use cpus::possible_cpus;
+#[cfg(all(percpu_ref_rseq, percpu_ref_callgrind))]
+#[doc(hidden)]
+pub use rseq_abi::force_fake_area_for_instruction_counting;
+#[cfg(percpu_ref_rseq)]
+pub use rseq_abi::rseq_aborts;
 
 /// Mode bit: the ref counts in its shared atomic counter.
 pub(crate) const MODE_ATOMIC: usize = 1;
@@ -78,9 +96,32 @@ impl Backend {
     }
 
     /// Whether this backend can be used in this process.
+    ///
+    /// For [`Backend::Rseq`] this is decided once per process: Linux x86_64,
+    /// glibc registered its rseq area for this thread (glibc >= 2.35, not
+    /// disabled by `GLIBC_TUNABLES=glibc.pthread.rseq=0`, not under
+    /// valgrind), and the kernel accepts the `membarrier` RSEQ registration.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use percpu_ref::Backend;
+    /// assert!(Backend::Sharded.is_available());
+    /// if Backend::Rseq.is_available() {
+    ///     assert_eq!(percpu_ref::backend(), Backend::Rseq);
+    /// }
+    /// # // (unless PERCPU_REF_BACKEND=sharded overrides the default)
+    /// # let _ = std::env::var("PERCPU_REF_BACKEND");
+    /// ```
     pub fn is_available(self) -> bool {
         match self {
             Backend::Sharded => true,
+            // Under loom, `Rseq` is the model of the rseq backend.
+            #[cfg(loom)]
+            Backend::Rseq => true,
+            #[cfg(percpu_ref_rseq)]
+            Backend::Rseq => rseq_abi::available(),
+            #[cfg(not(any(loom, percpu_ref_rseq)))]
             Backend::Rseq => false,
         }
     }
@@ -126,7 +167,12 @@ fn detect_backend() -> Backend {
 /// An enum rather than a trait object: the match on the fast path is one
 /// perfectly predicted branch, and every variant inlines.
 pub(crate) enum Counters {
+    #[cfg(percpu_ref_rseq)]
+    Rseq(rseq::RseqCounters),
     Sharded(sharded::Shards),
+    /// Under loom, the model of the rseq backend (`percpu/model.rs`).
+    #[cfg(loom)]
+    Model(model::ModelCpus),
 }
 
 impl Counters {
@@ -134,6 +180,11 @@ impl Counters {
     pub(crate) fn new(backend: Backend) -> Self {
         match backend {
             Backend::Sharded => Counters::Sharded(sharded::Shards::new()),
+            #[cfg(loom)]
+            Backend::Rseq => Counters::Model(model::ModelCpus::new()),
+            #[cfg(percpu_ref_rseq)]
+            Backend::Rseq if rseq_abi::available() => Counters::Rseq(rseq::RseqCounters::new()),
+            #[cfg(not(loom))]
             Backend::Rseq => unreachable!("rseq backend requested but not available"),
         }
     }
@@ -141,7 +192,11 @@ impl Counters {
     /// The backend these counters live on.
     pub(crate) fn backend(&self) -> Backend {
         match self {
+            #[cfg(percpu_ref_rseq)]
+            Counters::Rseq(_) => Backend::Rseq,
             Counters::Sharded(_) => Backend::Sharded,
+            #[cfg(loom)]
+            Counters::Model(_) => Backend::Rseq,
         }
     }
 
@@ -149,28 +204,44 @@ impl Counters {
     #[inline(always)]
     pub(crate) fn try_add(&self, mode: &AtomicUsize, delta: u64) -> bool {
         match self {
+            #[cfg(percpu_ref_rseq)]
+            Counters::Rseq(r) => r.try_add(mode, delta),
             Counters::Sharded(s) => s.try_add(mode, delta),
+            #[cfg(loom)]
+            Counters::Model(s) => s.try_add(mode, delta),
         }
     }
 
     /// Waits until no `try_add` can count any more; returns the sum.
     pub(crate) fn seal_and_sum(&self) -> u64 {
         match self {
+            #[cfg(percpu_ref_rseq)]
+            Counters::Rseq(r) => r.seal_and_sum(),
             Counters::Sharded(s) => s.seal_and_sum(),
+            #[cfg(loom)]
+            Counters::Model(s) => s.seal_and_sum(),
         }
     }
 
     /// Zeroes every counter (mode is atomic and sealed, lock held).
     pub(crate) fn reset(&self) {
         match self {
+            #[cfg(percpu_ref_rseq)]
+            Counters::Rseq(r) => r.reset(),
             Counters::Sharded(s) => s.reset(),
+            #[cfg(loom)]
+            Counters::Model(s) => s.reset(),
         }
     }
 
     /// Bytes of per-CPU storage this ref owns (for accounting and docs).
     pub(crate) fn storage_bytes(&self) -> usize {
         match self {
+            #[cfg(percpu_ref_rseq)]
+            Counters::Rseq(r) => r.storage_bytes(),
             Counters::Sharded(s) => s.storage_bytes(),
+            #[cfg(loom)]
+            Counters::Model(s) => s.storage_bytes(),
         }
     }
 }

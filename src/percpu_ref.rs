@@ -282,7 +282,12 @@ impl PercpuRef {
     #[inline]
     pub fn tryget_many(&self, n: usize) -> bool {
         let n = checked_n("tryget_many", n);
-        self.counters.try_add(&self.mode, n) || self.count.add_unless_zero(n)
+        #[cfg(not(percpu_ref_mutant = "tryget_no_zero_check"))]
+        let got = self.counters.try_add(&self.mode, n) || self.count.add_unless_zero(n);
+        // mutant tryget_no_zero_check: in atomic mode, add even at zero.
+        #[cfg(percpu_ref_mutant = "tryget_no_zero_check")]
+        let got = self.counters.try_add(&self.mode, n) || self.count.add(n) < u64::MAX;
+        got
     }
 
     /// Takes a reference unless the ref is dead (killed) or its count is
@@ -295,7 +300,12 @@ impl PercpuRef {
 
     #[inline(never)]
     fn tryget_live_atomic(&self) -> bool {
-        self.mode.load(Ordering::Acquire) & MODE_DEAD == 0 && self.count.add_unless_zero(1)
+        #[cfg(not(percpu_ref_mutant = "tryget_live_no_dead_check"))]
+        let alive = self.mode.load(Ordering::Acquire) & MODE_DEAD == 0;
+        // mutant tryget_live_no_dead_check: behave as tryget.
+        #[cfg(percpu_ref_mutant = "tryget_live_no_dead_check")]
+        let alive = true;
+        alive && self.count.add_unless_zero(1)
     }
 
     // ----- kill -------------------------------------------------------------
@@ -339,11 +349,18 @@ impl PercpuRef {
                 op: "kill_and_confirm",
             });
         }
+        let mut deferred = Deferred::default();
+        // mutant base_put_first: drop the base reference before switching.
+        #[cfg(percpu_ref_mutant = "base_put_first")]
+        self.put_locked(&mut deferred, "kill_and_confirm (base reference)");
+        // mutant dead_after_confirm: mark dead only once confirm has run.
+        #[cfg(not(percpu_ref_mutant = "dead_after_confirm"))]
         self.mode.store(mode | MODE_DEAD, Ordering::Release);
         let switch = self.switch_to_atomic_locked(&mut g, Some(confirm));
-        let mut deferred = Deferred::default();
-        self.put_locked(&mut deferred, "kill_and_confirm (base reference)");
-        self.finish_atomic_switch(&mut deferred, switch, "kill_and_confirm");
+        #[cfg(percpu_ref_mutant = "dead_after_confirm")]
+        self.mode.store(self.mode() | MODE_DEAD, Ordering::Release);
+        let put_base = cfg!(not(percpu_ref_mutant = "base_put_first"));
+        self.finish_atomic_switch(&mut deferred, switch, "kill_and_confirm", put_base);
         drop(g);
         self.run_deferred(deferred);
         Ok(())
@@ -385,7 +402,7 @@ impl PercpuRef {
         g.state.force_atomic = true;
         let switch = self.switch_to_atomic_locked(&mut g, Some(confirm));
         let mut deferred = Deferred::default();
-        self.finish_atomic_switch(&mut deferred, switch, "switch_to_atomic");
+        self.finish_atomic_switch(&mut deferred, switch, "switch_to_atomic", false);
         drop(g);
         self.run_deferred(deferred);
     }
@@ -477,6 +494,8 @@ impl PercpuRef {
             return Err(Error::ReinitNotAllowed { op });
         }
         self.mode.store(self.mode() & !MODE_DEAD, Ordering::Release);
+        // mutant revive_no_base_ref: come back to life without a base reference.
+        #[cfg(not(percpu_ref_mutant = "revive_no_base_ref"))]
         self.count.add(1);
         if !g.state.force_atomic {
             self.switch_to_percpu_locked();
@@ -567,22 +586,37 @@ impl PercpuRef {
         let sum = self.counters.seal_and_sum();
         let folded = signed(self.count.fold_percpu_sum(sum));
         // `folded` includes the temporary reference: a correct count is >= 1.
+        #[cfg(not(percpu_ref_mutant = "underflow_off_by_one"))]
         let underflow = (folded < 1).then_some(folded - 1);
+        // mutant underflow_off_by_one: forget that `folded` holds the temp ref.
+        #[cfg(percpu_ref_mutant = "underflow_off_by_one")]
+        let underflow = (folded < 2).then_some(folded - 1);
+        // mutant confirm_after_put: drop the temporary reference before confirm.
+        #[cfg(percpu_ref_mutant = "confirm_after_put")]
+        if self.count.sub(1) == PutOutcome::ReachedZero {
+            (self.release)(self);
+        }
         if let Some(confirm) = confirm {
             confirm(self);
         }
         AtomicSwitch {
-            temp_ref: true,
+            temp_ref: cfg!(not(percpu_ref_mutant = "confirm_after_put")),
             underflow,
         }
     }
 
-    fn finish_atomic_switch(&self, d: &mut Deferred, s: AtomicSwitch, op: &str) {
+    /// Reports an underflow the fold found, then puts the base reference
+    /// (for a kill) and the temporary one, in the kernel's order. Runs
+    /// under the lock; the returned release and panic run after unlock.
+    fn finish_atomic_switch(&self, d: &mut Deferred, s: AtomicSwitch, op: &str, put_base: bool) {
         if let Some(count) = s.underflow {
-            d.panic.get_or_insert(format!(
+            d.panic = Some(format!(
                 "percpu_ref::{op}: count underflow found when switching to atomic mode: \
                  the count is {count} (more puts than gets)"
             ));
+        }
+        if put_base {
+            self.put_locked(d, op);
         }
         if s.temp_ref {
             self.put_locked(d, op);
@@ -617,9 +651,17 @@ impl PercpuRef {
             return;
         }
         self.count.add_bias();
+        #[cfg(not(percpu_ref_mutant = "reset_after_mode_store"))]
         self.counters.reset();
         // Release: a percpu op that reads the cleared bit sees zeroed counters.
+        #[cfg(not(percpu_ref_mutant = "percpu_mode_store_relaxed"))]
         self.mode.store(mode & !MODE_ATOMIC, Ordering::Release);
+        // mutant percpu_mode_store_relaxed: publish the mode without release.
+        #[cfg(percpu_ref_mutant = "percpu_mode_store_relaxed")]
+        self.mode.store(mode & !MODE_ATOMIC, Ordering::Relaxed);
+        // mutant reset_after_mode_store: zero the counters after going percpu.
+        #[cfg(percpu_ref_mutant = "reset_after_mode_store")]
+        self.counters.reset();
     }
 }
 
@@ -642,12 +684,20 @@ impl fmt::Debug for PercpuRef {
     }
 }
 
+/// On the fast path of every get and put: inlined, with the panic out of line.
+#[inline(always)]
 fn checked_n(op: &str, n: usize) -> u64 {
     let n = n as u64;
     if n > MAX_COUNT {
-        panic!("percpu_ref::{op}({n}): n is above the largest count, 2^62 - 1");
+        n_too_large(op, n);
     }
     n
+}
+
+#[cold]
+#[inline(never)]
+fn n_too_large(op: &str, n: u64) -> ! {
+    panic!("percpu_ref::{op}({n}): n is above the largest count, 2^62 - 1");
 }
 
 fn underflow_message(op: &str, n: u64, count: u64) -> String {

@@ -59,6 +59,7 @@ fn sysconf_configured() -> Option<usize> {
 }
 
 /// The highest id in a kernel CPU list such as `0-3,8,10-11\n`.
+#[cfg_attr(loom, allow(dead_code))]
 pub(crate) fn parse_cpu_list_max(list: &str) -> Option<usize> {
     let mut max = None;
     for part in list.trim().split(',').filter(|p| !p.is_empty()) {

@@ -74,12 +74,31 @@ impl Shards {
         // put; acquire so an op that finds the shard sealed sees the mode
         // bits (DEAD) the switcher stored before sealing.
         let old = self.shard().fetch_add(delta, Ordering::AcqRel);
-        !is_sealed(old)
+        #[cfg(not(any(
+            percpu_ref_mutant = "seal_check_inverted",
+            percpu_ref_mutant = "seal_check_ignored"
+        )))]
+        let counted = !is_sealed(old);
+        // mutant seal_check_inverted: count exactly the adds that did not.
+        #[cfg(percpu_ref_mutant = "seal_check_inverted")]
+        let counted = is_sealed(old);
+        // mutant seal_check_ignored: a late add on a sealed shard "counts".
+        #[cfg(percpu_ref_mutant = "seal_check_ignored")]
+        let counted = old == old;
+        counted
     }
 
     pub(crate) fn seal_and_sum(&self) -> u64 {
         self.shards.iter().fold(0u64, |sum, s| {
+            #[cfg(not(percpu_ref_mutant = "no_grace_period"))]
             let v = s.swap(SEALED, Ordering::AcqRel);
+            // mutant no_grace_period: read, then seal; an add in between is lost.
+            #[cfg(percpu_ref_mutant = "no_grace_period")]
+            let v = {
+                let v = s.load(Ordering::Acquire);
+                s.store(SEALED, Ordering::Release);
+                v
+            };
             debug_assert!(!is_sealed(v), "percpu_ref: shard sealed twice");
             sum.wrapping_add(v)
         })
@@ -87,7 +106,14 @@ impl Shards {
 
     pub(crate) fn reset(&self) {
         for s in self.shards.iter() {
-            s.swap(0, Ordering::AcqRel);
+            // A swap, not a store: a late add from the previous percpu period
+            // may hit the shard now, and must be ordered wholly before or
+            // after the reset. A store would be equally correct, but loom
+            // lets a plain store land between the read and the write of a
+            // concurrent RMW (tokio-rs/loom#254) and then reports a shard
+            // sealed twice; with a swap loom checks exactly the shipped code.
+            // Reset runs once per switch to percpu mode, so the cost is nil.
+            s.swap(0, Ordering::Release);
         }
     }
 
@@ -120,7 +146,7 @@ fn thread_index() -> usize {
 /// Under loom the index must be the same in every execution: use the loom
 /// thread id (main = 0, spawned threads 1, 2, ...).
 #[cfg(loom)]
-fn thread_index() -> usize {
+pub(super) fn thread_index() -> usize {
     let id = format!("{:?}", loom::thread::current().id());
     id.trim_start_matches("ThreadId(")
         .trim_end_matches(')')

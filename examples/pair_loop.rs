@@ -1,0 +1,80 @@
+//! `N` get+put pairs on one `PercpuRef` (or on an `AtomicUsize` / `Arc`),
+//! for counting instructions per pair with callgrind
+//! (`scripts/callgrind-pair`) or timing one thread quickly.
+//!
+//! Usage: `pair_loop <rseq|sharded|atomic|arc> <pairs>`
+//!
+//! Valgrind disables rseq (glibc's registration fails, `__rseq_size` = 0),
+//! so built with `RUSTFLAGS="--cfg percpu_ref_callgrind"` this program
+//! first points the rseq backend at a fake, never-registered rseq area
+//! whose `cpu_id` is 0: the fast path then executes exactly the
+//! instructions it executes on a registered thread (the same machine code;
+//! only the area's address differs), while nothing can abort it. Without
+//! that cfg it uses whatever backend the process has.
+
+use percpu_ref::{Backend, InitFlags, PercpuRef};
+use std::hint::black_box;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Instant;
+
+#[inline(never)]
+fn percpu_pairs(r: &PercpuRef, n: u64) {
+    for _ in 0..n {
+        r.get();
+        r.put();
+    }
+}
+
+#[inline(never)]
+fn atomic_pairs(a: &AtomicUsize, n: u64) {
+    for _ in 0..n {
+        a.fetch_add(1, Ordering::Relaxed);
+        a.fetch_sub(1, Ordering::Release);
+    }
+}
+
+#[inline(never)]
+fn arc_pairs(a: &Arc<u64>, n: u64) {
+    for _ in 0..n {
+        drop(black_box(Arc::clone(a)));
+    }
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    let (what, n) = match (args.get(1), args.get(2).map(|n| n.parse::<u64>())) {
+        (Some(w), Some(Ok(n))) => (w.as_str(), n),
+        _ => {
+            eprintln!("usage: pair_loop <rseq|sharded|atomic|arc> <pairs>");
+            std::process::exit(2);
+        }
+    };
+    #[cfg(all(percpu_ref_callgrind, percpu_ref_rseq))]
+    if what == "rseq" {
+        // SAFETY: called first, and this program uses refs on this thread
+        // only and never switches them.
+        unsafe { percpu_ref::percpu::force_fake_area_for_instruction_counting() };
+    }
+    let t0 = Instant::now();
+    match what {
+        "rseq" | "sharded" => {
+            let backend = if what == "rseq" {
+                Backend::Rseq
+            } else {
+                Backend::Sharded
+            };
+            let r = PercpuRef::with_backend(|_| {}, InitFlags::empty(), backend)
+                .unwrap_or_else(|e| panic!("pair_loop {what}: {e}"));
+            percpu_pairs(black_box(&r), black_box(n));
+        }
+        "atomic" => atomic_pairs(black_box(&AtomicUsize::new(1)), black_box(n)),
+        "arc" => arc_pairs(black_box(&Arc::new(0)), black_box(n)),
+        other => panic!("pair_loop: unknown variant {other:?}"),
+    }
+    let dt = t0.elapsed();
+    println!(
+        "{what}: {n} pairs, {:.2} ns per pair",
+        dt.as_secs_f64() * 1e9 / n.max(1) as f64
+    );
+}

@@ -1,0 +1,425 @@
+//! Loom models of every kill/confirm race of the percpu_ref protocol.
+//!
+//! Each model runs the crate's real protocol code (through the `sync`
+//! facade) with 2-3 threads and checks, in every interleaving loom explores,
+//! the property named in its doc comment. Most run on both backends: the
+//! sealed-shard backend as it ships, and the loom model of the rseq backend
+//! (`Backend::Rseq` under `--cfg loom`, see `src/percpu/model.rs`).
+//!
+//! Run with
+//!
+//! ```text
+//! RUSTFLAGS="--cfg loom" cargo test --release --test loom_protocol
+//! ```
+//!
+//! Each model sets its own default preemption bound (3; 2 for the 3-thread
+//! `tryget_vs_final_put`); `LOOM_MAX_PREEMPTIONS` overrides it. `scripts/loom-mutants`
+//! runs every model against every mutant (`--cfg percpu_ref_mutant="..."`)
+//! and prints which models catch which mutant.
+
+#![cfg(loom)]
+
+use loom::sync::atomic::{AtomicBool, AtomicUsize, Ordering::SeqCst};
+use loom::sync::Arc;
+use loom::thread;
+use percpu_ref::{Backend, Error, InitFlags, PercpuRef};
+
+/// Runs `f` in every interleaving within the preemption bound (default
+/// `preemptions`, or `LOOM_MAX_PREEMPTIONS` when set).
+fn check(preemptions: usize, f: impl Fn() + Sync + Send + 'static) {
+    let mut builder = loom::model::Builder::new();
+    if builder.preemption_bound.is_none() {
+        builder.preemption_bound = Some(preemptions);
+    }
+    builder.check(f);
+}
+
+/// What the release callback and the threads of a model observe.
+#[derive(Default)]
+struct Probe {
+    /// Set by the kill's or switch's `confirm`.
+    confirmed: AtomicBool,
+    /// References the model's threads hold (decremented before each put,
+    /// incremented after each successful get).
+    held: AtomicUsize,
+    /// How many times `release` ran.
+    releases: AtomicUsize,
+}
+
+impl Probe {
+    fn new(held: usize) -> Arc<Probe> {
+        let p = Probe::default();
+        p.held.store(held, SeqCst);
+        Arc::new(p)
+    }
+
+    fn confirm(&self) {
+        assert!(!self.confirmed.swap(true, SeqCst), "confirm ran twice");
+    }
+
+    /// One put, accounted: the reference stops being held first.
+    fn put(&self, r: &PercpuRef) {
+        self.held.fetch_sub(1, SeqCst);
+        r.put();
+    }
+
+    fn releases(&self) -> usize {
+        self.releases.load(SeqCst)
+    }
+}
+
+/// A ref whose release asserts that it is the only one, that confirm ran
+/// first, and that no reference is still held.
+fn strict_ref(p: &Arc<Probe>, flags: InitFlags, backend: Backend) -> Arc<PercpuRef> {
+    let p = p.clone();
+    Arc::new(
+        PercpuRef::with_backend(
+            move |_| {
+                assert!(p.confirmed.load(SeqCst), "release ran before confirm");
+                assert_eq!(
+                    p.held.load(SeqCst),
+                    0,
+                    "release ran while a reference is held"
+                );
+                assert_eq!(p.releases.fetch_add(1, SeqCst), 0, "release ran twice");
+            },
+            flags,
+            backend,
+        )
+        .unwrap(),
+    )
+}
+
+/// A ref whose release only counts (for models that release more than once
+/// or where confirm is not the point).
+fn counting_ref(p: &Arc<Probe>, flags: InitFlags, backend: Backend) -> Arc<PercpuRef> {
+    let p = p.clone();
+    Arc::new(
+        PercpuRef::with_backend(
+            move |_| {
+                assert_eq!(
+                    p.held.load(SeqCst),
+                    0,
+                    "release ran while a reference is held"
+                );
+                p.releases.fetch_add(1, SeqCst);
+            },
+            flags,
+            backend,
+        )
+        .unwrap(),
+    )
+}
+
+fn spawn(f: impl FnOnce() + Send + 'static) -> thread::JoinHandle<()> {
+    thread::spawn(f)
+}
+
+// ----- 1. get/put concurrent with kill ------------------------------------
+
+/// Model 1a: a thread holding one reference does get, put, put (percpu
+/// while it can) while the owner kills the ref. Release runs exactly once,
+/// after confirm, after the last put.
+fn kill_vs_get_put(backend: Backend) {
+    let p = Probe::new(2); // base + the worker's reference
+    let r = strict_ref(&p, InitFlags::empty(), backend);
+    r.get(); // the worker's reference
+    let w = {
+        let (r, p) = (r.clone(), p.clone());
+        spawn(move || {
+            r.get();
+            p.held.fetch_add(1, SeqCst);
+            p.put(&r);
+            p.put(&r);
+        })
+    };
+    p.held.fetch_sub(1, SeqCst); // the base reference goes with the kill
+    r.kill_and_confirm(|_| p.confirm()).unwrap();
+    w.join().unwrap();
+    assert_eq!(p.releases(), 1, "release must run exactly once");
+}
+
+/// Model 1b: the owner dropped the base reference in percpu mode (allowed:
+/// zero is found once atomic) and switches to atomic mode while the last
+/// holder puts. Release runs exactly once, after the switch's confirm.
+fn switch_vs_final_put(backend: Backend) {
+    let p = Probe::new(1); // the worker's reference
+    let r = strict_ref(&p, InitFlags::empty(), backend);
+    r.get(); // the worker's reference
+    r.put(); // the base reference, in percpu mode
+    let w = {
+        let (r, p) = (r.clone(), p.clone());
+        spawn(move || p.put(&r))
+    };
+    r.switch_to_atomic_and_confirm(|_| p.confirm());
+    w.join().unwrap();
+    assert_eq!(p.releases(), 1, "release must run exactly once");
+}
+
+/// Model 1c: kill of a ref already in atomic mode (no fold, no temporary
+/// reference) while the other holder puts. Release still waits for confirm.
+fn kill_atomic_vs_put(backend: Backend) {
+    let p = Probe::new(1);
+    let r = strict_ref(&p, InitFlags::INIT_ATOMIC, backend);
+    r.get();
+    let w = {
+        let (r, p) = (r.clone(), p.clone());
+        spawn(move || p.put(&r))
+    };
+    r.kill_and_confirm(|_| p.confirm()).unwrap();
+    w.join().unwrap();
+    assert_eq!(p.releases(), 1, "release must run exactly once");
+}
+
+// ----- 2. tryget_live concurrent with kill_and_confirm ---------------------
+
+/// Model 2: once confirm has run (seen through its flag), no tryget_live
+/// succeeds; one that succeeded holds a counted reference (release waits
+/// for its put).
+fn tryget_live_vs_kill(backend: Backend) {
+    let p = Probe::new(0);
+    let r = strict_ref(&p, InitFlags::empty(), backend);
+    let w = {
+        let (r, p) = (r.clone(), p.clone());
+        spawn(move || {
+            let confirmed = p.confirmed.load(SeqCst);
+            if r.tryget_live() {
+                assert!(!confirmed, "tryget_live succeeded after confirm");
+                p.held.fetch_add(1, SeqCst);
+                p.put(&r);
+            }
+        })
+    };
+    r.kill_and_confirm(|_| p.confirm()).unwrap();
+    w.join().unwrap();
+    assert_eq!(p.releases(), 1, "release must run exactly once");
+}
+
+// ----- 3. tryget concurrent with the final put -----------------------------
+
+/// Model 3: kill and the last holder's put race with a tryget. A tryget
+/// never succeeds once release has run, and one that succeeds keeps the
+/// ref alive until it puts.
+fn tryget_vs_final_put(backend: Backend) {
+    let p = Probe::new(1); // the worker's reference
+    let r = strict_ref(&p, InitFlags::empty(), backend);
+    r.get();
+    let holder = {
+        let (r, p) = (r.clone(), p.clone());
+        spawn(move || p.put(&r))
+    };
+    let tryer = {
+        let (r, p) = (r.clone(), p.clone());
+        spawn(move || {
+            let released = p.releases() > 0;
+            if r.tryget() {
+                assert!(!released, "tryget succeeded after release");
+                p.held.fetch_add(1, SeqCst);
+                p.put(&r);
+            }
+        })
+    };
+    r.kill_and_confirm(|_| p.confirm()).unwrap();
+    holder.join().unwrap();
+    tryer.join().unwrap();
+    assert_eq!(p.releases(), 1, "release must run exactly once");
+}
+
+// ----- 4. concurrent switches with get/put ---------------------------------
+
+/// Model 4: switch_to_atomic, switch_to_percpu and a get/put pair race
+/// (ALLOW_REINIT). A switch waits for the one in progress (its confirm sees
+/// the ref atomic and folded), and the count stays exact: no per-CPU count
+/// is lost or counted twice.
+fn switch_vs_switch_and_get_put(backend: Backend) {
+    let p = Probe::new(0);
+    let r = counting_ref(&p, InitFlags::ALLOW_REINIT, backend);
+    r.get(); // the worker's reference, held throughout
+    let to_percpu = {
+        let r = r.clone();
+        spawn(move || r.switch_to_percpu().unwrap())
+    };
+    let worker = {
+        let r = r.clone();
+        spawn(move || {
+            r.get();
+            r.put();
+        })
+    };
+    r.switch_to_atomic_and_confirm(|r| {
+        assert!(!r.is_percpu(), "a switch ran during another's confirm");
+        // base + the worker's reference + the temporary one (+ its get).
+        let count = r.atomic_count();
+        assert!(matches!(count, Some(3 | 4)), "count at confirm: {count:?}");
+    });
+    to_percpu.join().unwrap();
+    worker.join().unwrap();
+    r.switch_to_atomic();
+    assert_eq!(r.atomic_count(), Some(2), "base + the worker's reference");
+    r.put();
+    r.kill().unwrap();
+    assert_eq!(p.releases(), 1, "release must run exactly once");
+}
+
+// ----- 5. kill then resurrect / reinit, against tryget and tryget_live -----
+
+/// Model 5a: kill then resurrect while another thread tries tryget_live
+/// and then tryget. A tryget_live that runs wholly between confirm and the
+/// start of resurrect fails; tryget never fails (the owner holds a
+/// reference throughout); afterwards the ref is alive, percpu, and its
+/// count exact.
+fn kill_resurrect_vs_trygets(backend: Backend) {
+    const ALIVE: usize = 0;
+    const DEAD: usize = 1;
+    const REVIVING: usize = 2;
+    let phase = Arc::new(AtomicUsize::new(ALIVE));
+    let p = Probe::new(0);
+    let r = counting_ref(&p, InitFlags::ALLOW_REINIT, backend);
+    r.get(); // held by the owner across kill and resurrect
+    let tryer = {
+        let (r, phase) = (r.clone(), phase.clone());
+        spawn(move || {
+            let before = phase.load(SeqCst);
+            let live = r.tryget_live();
+            let after = phase.load(SeqCst);
+            if before == DEAD && after == DEAD {
+                assert!(!live, "tryget_live succeeded on a dead ref");
+            }
+            assert!(r.tryget(), "tryget failed with a reference held");
+            r.put();
+            if live {
+                r.put();
+            }
+        })
+    };
+    r.kill_and_confirm(|_| phase.store(DEAD, SeqCst)).unwrap();
+    phase.store(REVIVING, SeqCst);
+    r.resurrect().unwrap();
+    r.put();
+    tryer.join().unwrap();
+    assert_eq!(p.releases(), 0, "released while a reference was held");
+    assert!(r.is_percpu() && !r.is_dying());
+    r.kill().unwrap();
+    assert_eq!(
+        p.releases(),
+        1,
+        "the revived base must be the last reference"
+    );
+}
+
+/// Model 5b: kill then reinit while a tryget runs. reinit succeeds exactly
+/// when the count was zero (the tryget failed or already put); either way
+/// the ref can be reinitialised afterwards and counts exactly.
+fn kill_reinit_vs_tryget(backend: Backend) {
+    let p = Probe::new(0);
+    let r = counting_ref(&p, InitFlags::ALLOW_REINIT, backend);
+    let tryer = {
+        let r = r.clone();
+        spawn(move || {
+            if r.tryget() {
+                r.put();
+            }
+        })
+    };
+    r.kill().unwrap();
+    let first = r.reinit();
+    tryer.join().unwrap();
+    assert_eq!(p.releases(), 1, "the kill or the tryget's put released");
+    match first {
+        Ok(()) => {}
+        Err(Error::NotZero { count: Some(1), .. }) => r.reinit().unwrap(),
+        Err(e) => panic!("unexpected reinit error: {e}"),
+    }
+    assert!(r.is_percpu() && r.tryget_live());
+    r.put();
+    r.kill().unwrap();
+    assert_eq!(p.releases(), 2, "the reinitialised ref releases once more");
+}
+
+// ----- 6. late operations on a sealed shard --------------------------------
+
+/// Model 6: get/put racing a switch to atomic, so that operations land on
+/// shards (CPUs) already sealed: each is counted exactly once, on the
+/// atomic counter, and the count after the switch is exact.
+fn late_ops_vs_switch(backend: Backend) {
+    let p = Probe::new(0);
+    let r = counting_ref(&p, InitFlags::empty(), backend);
+    r.get(); // the worker's reference
+    let w = {
+        let r = r.clone();
+        spawn(move || {
+            r.get();
+            r.put();
+            r.put();
+        })
+    };
+    r.switch_to_atomic();
+    w.join().unwrap();
+    assert_eq!(r.atomic_count(), Some(1), "only the base reference is left");
+    assert_eq!(p.releases(), 0);
+    r.kill().unwrap();
+    assert_eq!(p.releases(), 1, "release must run exactly once");
+}
+
+// ----- 7. no false underflow alarm -----------------------------------------
+
+/// Model 7: references taken on one CPU and put on another, some put in
+/// percpu mode and some in atomic mode during the switch, the count
+/// reaching zero exactly at the fold: underflow detection never fires, and
+/// release runs once.
+fn no_false_underflow(backend: Backend) {
+    let p = Probe::new(2);
+    let r = counting_ref(&p, InitFlags::empty(), backend);
+    r.get_many(2); // the worker's two references
+    r.put(); // the base reference, in percpu mode
+    let w = {
+        let (r, p) = (r.clone(), p.clone());
+        spawn(move || {
+            p.put(&r);
+            p.put(&r);
+        })
+    };
+    r.switch_to_atomic();
+    w.join().unwrap();
+    assert_eq!(p.releases(), 1, "release must run exactly once");
+    assert!(r.is_zero());
+}
+
+// ----- the tests ------------------------------------------------------------
+
+/// One test per backend for a model: `MODEL::sharded` and `MODEL::rseq_model`
+/// (`kill_atomic_vs_put` never counts per CPU, so it runs once).
+macro_rules! models {
+    ($($model:ident: preemptions $bound:literal, backends [$($b:ident),+];)*) => {$(
+        mod $model {
+            $(
+                #[test]
+                #[allow(non_snake_case)]
+                fn $b() {
+                    super::check($bound, || super::$model(super::backend_named(stringify!($b))));
+                }
+            )+
+        }
+    )*};
+}
+
+fn backend_named(name: &str) -> Backend {
+    match name {
+        "sharded" => Backend::Sharded,
+        "rseq_model" => Backend::Rseq,
+        _ => unreachable!("{name}"),
+    }
+}
+
+models! {
+    kill_vs_get_put: preemptions 3, backends [sharded, rseq_model];
+    switch_vs_final_put: preemptions 3, backends [sharded, rseq_model];
+    kill_atomic_vs_put: preemptions 3, backends [sharded];
+    tryget_live_vs_kill: preemptions 3, backends [sharded, rseq_model];
+    tryget_vs_final_put: preemptions 2, backends [sharded, rseq_model];
+    switch_vs_switch_and_get_put: preemptions 3, backends [sharded, rseq_model];
+    kill_resurrect_vs_trygets: preemptions 3, backends [sharded, rseq_model];
+    kill_reinit_vs_tryget: preemptions 3, backends [sharded, rseq_model];
+    late_ops_vs_switch: preemptions 3, backends [sharded, rseq_model];
+    no_false_underflow: preemptions 3, backends [sharded, rseq_model];
+}

@@ -1,0 +1,921 @@
+//! The cgroup hierarchy: cgroups, `mkdir`/`rmdir`, `cgroup_mutex` and the
+//! destroy work queue.
+//!
+//! # `cgroup_mutex` and the destroy queue
+//!
+//! Tree changes (`mkdir`, `rmdir`, `attach`) and all destroy work run under
+//! one lock, `cgroup_mutex`. The kernel runs destroy work on a workqueue
+//! (`cgroup_destroy_wq`) whose worker takes `cgroup_mutex`; here the work is
+//! run by a thread that already has it:
+//!
+//! - work queued by the thread holding `cgroup_mutex` (an `rmdir`'s kill
+//!   confirm, a release caused by a put made under the mutex) runs when
+//!   that thread unlocks, still under the mutex;
+//! - work queued by another thread (a release from a task's last put, a
+//!   free after a grace period) takes the mutex if it is free and runs;
+//!   if it is held, the holder runs it before it lets go (it looks at the
+//!   queue again after unlocking, so nothing is stranded).
+//!
+//! With [`WorkMode::Manual`] queued work waits for
+//! [`Hierarchy::run_destroy_work`], which makes interleavings the kernel
+//! allows (an offline still pending while the parent is removed) easy to
+//! set up in tests.
+
+use super::idr::Idr;
+use super::rcu::{self, RcuGuard};
+use super::subsys::Subsys;
+use super::subsys_state::{kill_css, online_css, Css, CssInit, CssPtr, CssRef, Work, CSS_NO_REF};
+use crate::sync::{self, AtomicBool, AtomicPtr, AtomicUsize, Mutex, MutexGuard, Ordering};
+use std::collections::{BTreeMap, VecDeque};
+use std::fmt;
+use std::sync::atomic::AtomicU64;
+use std::sync::Arc;
+
+/// How a hierarchy's csses count references.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum RefcntMode {
+    /// Per-CPU until killed: the kernel since 2013.
+    #[default]
+    Percpu,
+    /// One shared atomic counter from the start (`PercpuRef` with
+    /// `INIT_ATOMIC`): the pre-2013 css's `atomic_t`, with the same
+    /// lifecycle code. For comparisons.
+    Atomic,
+}
+
+/// When queued destroy work (offline, release, free) runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum WorkMode {
+    /// As soon as `cgroup_mutex` is free (see the module docs).
+    #[default]
+    Inline,
+    /// Only in [`Hierarchy::run_destroy_work`] and [`Hierarchy::flush`].
+    Manual,
+}
+
+/// Options for [`Hierarchy::with_options`].
+#[derive(Clone, Debug)]
+pub struct Options {
+    /// Per-CPU or atomic css refcounts.
+    pub refcnt: RefcntMode,
+    /// When destroy work runs.
+    pub work: WorkMode,
+    /// Size of each subsystem's id table (ids `1..max_css_ids`).
+    pub max_css_ids: usize,
+}
+
+impl Default for Options {
+    fn default() -> Options {
+        Options {
+            refcnt: RefcntMode::Percpu,
+            work: WorkMode::Inline,
+            max_css_ids: 1 << 16,
+        }
+    }
+}
+
+/// Why [`Hierarchy::rmdir`] found a cgroup busy.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum BusyReason {
+    /// Tasks are attached to it.
+    HasTasks(usize),
+    /// It has children that were not removed (their names).
+    HasChildren(Vec<String>),
+}
+
+/// A refused cgroup operation. Nothing changed.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum CgroupError {
+    /// `rmdir` of a cgroup that still has tasks or online children (the
+    /// kernel's `EBUSY`).
+    Busy {
+        /// The cgroup.
+        path: String,
+        /// What keeps it.
+        reason: BusyReason,
+    },
+    /// The cgroup was already removed (or, for `mkdir`, the parent was).
+    Removed {
+        /// The operation.
+        op: &'static str,
+        /// The removed cgroup.
+        path: String,
+    },
+    /// `mkdir` of a name that exists (`EEXIST`).
+    Exists {
+        /// The existing cgroup.
+        path: String,
+    },
+    /// `mkdir` with an empty name or one containing `/`.
+    InvalidName {
+        /// The name.
+        name: String,
+    },
+    /// `rmdir` of the root cgroup.
+    Root {
+        /// The operation.
+        op: &'static str,
+    },
+    /// A cgroup or task of another hierarchy was passed.
+    WrongHierarchy {
+        /// The operation.
+        op: &'static str,
+        /// The cgroup's path.
+        path: String,
+    },
+    /// A subsystem's id table is full.
+    IdsExhausted {
+        /// The subsystem.
+        subsys: String,
+    },
+    /// A subsystem callback refused the new css.
+    SubsysRefused {
+        /// The subsystem.
+        subsys: String,
+        /// The callback (`css_alloc` or `css_online`).
+        callback: &'static str,
+        /// The cgroup being made.
+        path: String,
+        /// The subsystem's reason.
+        reason: String,
+    },
+}
+
+impl fmt::Display for CgroupError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            CgroupError::Busy {
+                path,
+                reason: BusyReason::HasTasks(n),
+            } => write!(f, "rmdir {path}: busy: {n} task(s) attached"),
+            CgroupError::Busy {
+                path,
+                reason: BusyReason::HasChildren(names),
+            } => write!(
+                f,
+                "rmdir {path}: busy: child cgroup(s) {} not removed",
+                names.join(", ")
+            ),
+            CgroupError::Removed { op, path } => {
+                write!(f, "{op}: cgroup {path} was removed")
+            }
+            CgroupError::Exists { path } => write!(f, "mkdir {path}: already exists"),
+            CgroupError::InvalidName { name } => {
+                write!(f, "mkdir: invalid cgroup name {name:?}")
+            }
+            CgroupError::Root { op } => write!(f, "{op}: the root cgroup cannot be removed"),
+            CgroupError::WrongHierarchy { op, path } => {
+                write!(f, "{op}: {path} belongs to another hierarchy")
+            }
+            CgroupError::IdsExhausted { subsys } => {
+                write!(f, "mkdir: subsystem {subsys} has no free css id")
+            }
+            CgroupError::SubsysRefused {
+                subsys,
+                callback,
+                path,
+                reason,
+            } => write!(f, "mkdir {path}: {subsys}'s {callback} refused: {reason}"),
+        }
+    }
+}
+
+impl std::error::Error for CgroupError {}
+
+static NEXT_HIERARCHY: AtomicU64 = AtomicU64::new(1);
+
+/// One cgroup's node. Fields that change are written under `cgroup_mutex`.
+pub(crate) struct CgroupNode {
+    hid: u64,
+    name: String,
+    path: String,
+    parent: Option<Arc<CgroupNode>>,
+    /// `cgroup->subsys[]`: the online css per subsystem, null once offline.
+    pub(crate) subsys: Box<[AtomicPtr<Css>]>,
+    /// `cgroup->self` is online: cleared synchronously by `rmdir`.
+    online: AtomicBool,
+    pub(crate) nr_tasks: AtomicUsize,
+    /// Online children, by name.
+    children: Mutex<BTreeMap<String, Arc<CgroupNode>>>,
+}
+
+impl CgroupNode {
+    pub(crate) fn path(&self) -> &str {
+        &self.path
+    }
+}
+
+/// A handle to a cgroup. Cloning is cheap; a handle keeps the node's
+/// memory, not the cgroup, alive (it can be removed meanwhile).
+///
+/// # Examples
+///
+/// ```
+/// use percpu_ref::css::{Hierarchy, Recorder};
+/// let h = Hierarchy::new(vec![Recorder::new("cpu")]);
+/// let a = h.mkdir(&h.root(), "a").unwrap();
+/// let b = h.mkdir(&a, "b").unwrap();
+/// assert_eq!(b.path(), "/a/b");
+/// assert_eq!(b.parent().unwrap().path(), "/a");
+/// assert!(b.is_online());
+/// ```
+#[derive(Clone)]
+pub struct Cgroup {
+    node: Arc<CgroupNode>,
+}
+
+impl Cgroup {
+    pub(crate) fn from_node(node: Arc<CgroupNode>) -> Cgroup {
+        Cgroup { node }
+    }
+
+    /// The cgroup's name (`""` for the root).
+    pub fn name(&self) -> &str {
+        &self.node.name
+    }
+
+    /// The cgroup's path (`/` for the root).
+    pub fn path(&self) -> &str {
+        &self.node.path
+    }
+
+    /// The parent cgroup.
+    pub fn parent(&self) -> Option<Cgroup> {
+        self.node.parent.clone().map(Cgroup::from_node)
+    }
+
+    /// False once `rmdir` removed it.
+    pub fn is_online(&self) -> bool {
+        self.node.online.load(Ordering::Acquire)
+    }
+
+    /// Tasks attached to this cgroup.
+    pub fn nr_tasks(&self) -> usize {
+        self.node.nr_tasks.load(Ordering::Acquire)
+    }
+
+    /// The cgroup's online css for subsystem `ssid`, with a reference
+    /// (`cgroup_css` under RCU, then `css_tryget_online`). `None` once the
+    /// cgroup was removed, or if `ssid` is out of range.
+    pub fn css(&self, ssid: usize) -> Option<CssRef> {
+        let _rcu = rcu::read_lock();
+        let p = self.node.subsys.get(ssid)?.load(Ordering::Acquire);
+        // SAFETY: the slot is cleared at offline, before release, and a css
+        // is freed only a grace period after release; we are inside a read
+        // section that began before we loaded the pointer.
+        let css = unsafe { CssPtr::from_raw(p)?.get() };
+        css.tryget_online()
+    }
+
+    pub(crate) fn nr_tasks_counter(&self) -> &AtomicUsize {
+        &self.node.nr_tasks
+    }
+
+    fn same(&self, other: &Cgroup) -> bool {
+        Arc::ptr_eq(&self.node, &other.node)
+    }
+}
+
+impl PartialEq for Cgroup {
+    fn eq(&self, other: &Cgroup) -> bool {
+        self.same(other)
+    }
+}
+
+impl Eq for Cgroup {}
+
+impl fmt::Debug for Cgroup {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Cgroup")
+            .field("path", &self.path())
+            .field("online", &self.is_online())
+            .field("nr_tasks", &self.nr_tasks())
+            .finish()
+    }
+}
+
+/// The shared state of a hierarchy.
+pub(crate) struct Inner {
+    pub(crate) hid: u64,
+    pub(crate) subsys: Vec<Arc<dyn Subsys>>,
+    pub(crate) idrs: Vec<Idr>,
+    opts: Options,
+    root: Arc<CgroupNode>,
+    root_css: Vec<CssPtr>,
+    cgroup_mutex: Mutex<()>,
+    /// The thread holding `cgroup_mutex` (`sync::thread_token`), 0 if none.
+    /// Only ever equal to a thread's own token if that thread stored it.
+    mutex_owner: std::sync::atomic::AtomicUsize,
+    destroy_wq: Mutex<VecDeque<Work>>,
+    /// Grace-period work not yet run (queued to crossbeam-epoch, or held
+    /// for `flush` under loom).
+    rcu_pending: AtomicUsize,
+    #[cfg(loom)]
+    rcu_list: Mutex<Vec<Work>>,
+    /// Non-root csses allocated and not yet freed.
+    nr_css: AtomicUsize,
+}
+
+/// `cgroup_mutex`, held; unlocking runs queued destroy work first.
+pub(crate) struct CgroupMutexGuard<'a> {
+    inner: &'a Arc<Inner>,
+    guard: Option<MutexGuard<'a, ()>>,
+    drain: bool,
+}
+
+impl Drop for CgroupMutexGuard<'_> {
+    fn drop(&mut self) {
+        loop {
+            if self.drain {
+                self.inner.drain_locked();
+            }
+            self.inner
+                .mutex_owner
+                .store(0, std::sync::atomic::Ordering::Relaxed);
+            drop(self.guard.take());
+            // Work queued by a thread that found the mutex held is ours to
+            // run: look again now that others can see it unlocked.
+            if !self.drain || self.inner.queue_is_empty() {
+                return;
+            }
+            match sync::try_lock(&self.inner.cgroup_mutex) {
+                Some(g) => {
+                    self.inner.set_owner();
+                    self.guard = Some(g);
+                }
+                None => return, // the new holder will run it
+            }
+        }
+    }
+}
+
+impl Inner {
+    fn holds_cgroup_mutex(&self) -> bool {
+        self.mutex_owner.load(std::sync::atomic::Ordering::Relaxed) == sync::thread_token()
+    }
+
+    fn set_owner(&self) {
+        self.mutex_owner
+            .store(sync::thread_token(), std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Takes `cgroup_mutex`.
+    ///
+    /// # Panics
+    ///
+    /// If this thread already holds it (a subsystem callback calling back
+    /// into the hierarchy).
+    pub(crate) fn cgroup_lock<'a>(self: &'a Arc<Self>, op: &str) -> CgroupMutexGuard<'a> {
+        if self.holds_cgroup_mutex() {
+            panic!(
+                "css hierarchy: {op} called with cgroup_mutex held by this thread \
+                 (from a subsystem callback?); it would deadlock"
+            );
+        }
+        let g = sync::lock(&self.cgroup_mutex);
+        self.set_owner();
+        CgroupMutexGuard {
+            inner: self,
+            guard: Some(g),
+            drain: self.opts.work == WorkMode::Inline,
+        }
+    }
+
+    fn queue_is_empty(&self) -> bool {
+        sync::lock(&self.destroy_wq).is_empty()
+    }
+
+    /// Queues destroy work (see the module docs for who runs it).
+    pub(crate) fn queue_work(self: &Arc<Self>, w: Work) {
+        sync::lock(&self.destroy_wq).push_back(w);
+        if self.opts.work == WorkMode::Manual || self.holds_cgroup_mutex() {
+            return;
+        }
+        if let Some(g) = sync::try_lock(&self.cgroup_mutex) {
+            self.set_owner();
+            drop(CgroupMutexGuard {
+                inner: self,
+                guard: Some(g),
+                drain: true,
+            });
+        }
+    }
+
+    /// `queue_rcu_work`: queue `w` after a grace period.
+    pub(crate) fn queue_rcu_work(self: &Arc<Self>, w: Work) {
+        self.rcu_pending.fetch_add(1, Ordering::AcqRel);
+        #[cfg(not(loom))]
+        {
+            let inner = self.clone();
+            rcu::call_rcu(move || {
+                inner.queue_work(w);
+                inner.rcu_pending.fetch_sub(1, Ordering::AcqRel);
+            });
+        }
+        #[cfg(loom)]
+        sync::lock(&self.rcu_list).push(w);
+    }
+
+    /// Runs queued work; `cgroup_mutex` is held by this thread.
+    fn drain_locked(self: &Arc<Self>) -> usize {
+        let mut ran = 0;
+        loop {
+            let w = sync::lock(&self.destroy_wq).pop_front();
+            match w {
+                Some(w) => {
+                    w.run(self);
+                    ran += 1;
+                }
+                None => return ran,
+            }
+        }
+    }
+
+    pub(crate) fn css_freed(&self) {
+        self.nr_css.fetch_sub(1, Ordering::AcqRel);
+    }
+
+    fn check(&self, op: &'static str, cg: &Cgroup) -> Result<(), CgroupError> {
+        if cg.node.hid != self.hid {
+            return Err(CgroupError::WrongHierarchy {
+                op,
+                path: cg.path().to_string(),
+            });
+        }
+        Ok(())
+    }
+
+    /// `css_create`, under `cgroup_mutex`.
+    fn css_create(
+        self: &Arc<Self>,
+        node: &Arc<CgroupNode>,
+        ssid: usize,
+    ) -> Result<CssPtr, CgroupError> {
+        let subsys = &self.subsys[ssid];
+        let parent_node = node.parent.as_ref().expect("css_create: not for the root");
+        let parent = CssPtr::from_raw(parent_node.subsys[ssid].load(Ordering::Acquire))
+            .expect("css_create: an online parent cgroup has an online css");
+        let id = self.idrs[ssid]
+            .alloc(2)
+            .ok_or_else(|| CgroupError::IdsExhausted {
+                subsys: subsys.name().to_string(),
+            })?;
+        let p = Css::alloc(CssInit {
+            id,
+            ssid,
+            parent: Some(parent),
+            cgroup: node.clone(),
+            subsys: subsys.clone(),
+            hier: Some(self.clone()),
+            atomic_refcnt: self.opts.refcnt == RefcntMode::Atomic,
+            flags: 0,
+        });
+        self.nr_css.fetch_add(1, Ordering::AcqRel);
+        // SAFETY: we own the new css; nobody else can reach it yet.
+        let css = unsafe { p.get() };
+        let refused = |callback, reason| CgroupError::SubsysRefused {
+            subsys: subsys.name().to_string(),
+            callback,
+            path: node.path.clone(),
+            reason,
+        };
+        if let Err(reason) = subsys.css_alloc(css) {
+            self.idrs[ssid].remove(id);
+            self.nr_css.fetch_sub(1, Ordering::AcqRel);
+            // SAFETY: never published nor linked.
+            unsafe { Css::dealloc(p) };
+            return Err(refused("css_alloc", reason));
+        }
+        // init_and_link_css: the child pins its parent.
+        // SAFETY: the parent is online and we hold cgroup_mutex.
+        let parent_css = unsafe { parent.get() };
+        parent_css.get_raw(1);
+        sync::lock(&parent_css.children).push(id);
+        if let Err(reason) = online_css(css) {
+            sync::lock(&parent_css.children).retain(|&c| c != id);
+            // The kernel's error path: free after a grace period, which also
+            // drops the parent pin.
+            self.queue_rcu_work(Work::Free(p));
+            return Err(refused("css_online", reason));
+        }
+        self.idrs[ssid].publish(id, p.as_ptr());
+        Ok(p)
+    }
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        // Every non-root css holds the hierarchy, so only the roots are left:
+        // take them through the rest of the lifecycle.
+        for (ssid, &p) in self.root_css.iter().enumerate() {
+            // SAFETY: root csses are only freed here.
+            let css = unsafe { p.get() };
+            let subsys = &self.subsys[ssid];
+            subsys.css_offline(css);
+            subsys.css_released(css);
+            subsys.css_free(css);
+            self.idrs[ssid].remove(css.id());
+            // SAFETY: the hierarchy is gone, so nothing can reach the root.
+            unsafe { Css::dealloc(p) };
+        }
+    }
+}
+
+/// A cgroup hierarchy with a fixed set of subsystems.
+///
+/// Cloning gives another handle to the same hierarchy. The hierarchy lives
+/// until every handle is dropped *and* every non-root css was freed;
+/// cgroups never removed keep it (and themselves) alive, as a mounted
+/// hierarchy with children stays.
+///
+/// # Examples
+///
+/// ```
+/// use percpu_ref::css::{BusyReason, CgroupError, Hierarchy, Recorder};
+/// let h = Hierarchy::new(vec![Recorder::new("memory"), Recorder::new("io")]);
+/// let a = h.mkdir(&h.root(), "a").unwrap();
+/// let b = h.mkdir(&a, "b").unwrap();
+/// let task = h.spawn(&b).unwrap();
+/// assert!(matches!(h.rmdir(&a), Err(CgroupError::Busy { reason: BusyReason::HasChildren(_), .. })));
+/// assert!(matches!(h.rmdir(&b), Err(CgroupError::Busy { reason: BusyReason::HasTasks(1), .. })));
+/// h.attach(&task, &h.root()).unwrap();
+/// h.rmdir(&b).unwrap();
+/// h.rmdir(&a).unwrap();
+/// assert!(h.flush());
+/// assert_eq!(h.nr_css(), 0);
+/// ```
+#[derive(Clone)]
+pub struct Hierarchy {
+    inner: Arc<Inner>,
+}
+
+impl Hierarchy {
+    /// A hierarchy with default [`Options`].
+    ///
+    /// # Panics
+    ///
+    /// If `subsys` is empty or a subsystem refuses its root css.
+    pub fn new(subsys: Vec<Arc<dyn Subsys>>) -> Hierarchy {
+        Self::with_options(subsys, Options::default())
+    }
+
+    /// A hierarchy with the given options.
+    ///
+    /// # Panics
+    ///
+    /// As [`new`](Self::new).
+    pub fn with_options(subsys: Vec<Arc<dyn Subsys>>, opts: Options) -> Hierarchy {
+        assert!(!subsys.is_empty(), "Hierarchy::new: no subsystems");
+        let hid = NEXT_HIERARCHY.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let root = Arc::new(CgroupNode {
+            hid,
+            name: String::new(),
+            path: "/".to_string(),
+            parent: None,
+            subsys: (0..subsys.len())
+                .map(|_| AtomicPtr::new(std::ptr::null_mut()))
+                .collect(),
+            online: AtomicBool::new(true),
+            nr_tasks: AtomicUsize::new(0),
+            children: Mutex::new(BTreeMap::new()),
+        });
+        let idrs: Vec<Idr> = subsys.iter().map(|_| Idr::new(opts.max_css_ids)).collect();
+        let mut root_css = Vec::new();
+        for (ssid, ss) in subsys.iter().enumerate() {
+            let id = idrs[ssid].alloc(1).expect("a fresh id table has id 1");
+            let p = Css::alloc(CssInit {
+                id,
+                ssid,
+                parent: None,
+                cgroup: root.clone(),
+                subsys: ss.clone(),
+                hier: None,
+                atomic_refcnt: opts.refcnt == RefcntMode::Atomic,
+                flags: CSS_NO_REF,
+            });
+            // SAFETY: we own it.
+            let css = unsafe { p.get() };
+            if let Err(e) = ss.css_alloc(css).and_then(|()| online_css(css)) {
+                panic!(
+                    "Hierarchy::new: subsystem {} refused its root css: {e}",
+                    ss.name()
+                );
+            }
+            idrs[ssid].publish(id, p.as_ptr());
+            root_css.push(p);
+        }
+        Hierarchy {
+            inner: Arc::new(Inner {
+                hid,
+                subsys,
+                idrs,
+                opts,
+                root,
+                root_css,
+                cgroup_mutex: Mutex::new(()),
+                mutex_owner: std::sync::atomic::AtomicUsize::new(0),
+                destroy_wq: Mutex::new(VecDeque::new()),
+                rcu_pending: AtomicUsize::new(0),
+                #[cfg(loom)]
+                rcu_list: Mutex::new(Vec::new()),
+                nr_css: AtomicUsize::new(0),
+            }),
+        }
+    }
+
+    /// The root cgroup.
+    pub fn root(&self) -> Cgroup {
+        Cgroup::from_node(self.inner.root.clone())
+    }
+
+    /// The number of subsystems; their ids are `0..nr_subsys()`.
+    pub fn nr_subsys(&self) -> usize {
+        self.inner.subsys.len()
+    }
+
+    /// Subsystem `ssid`'s name.
+    pub fn subsys_name(&self, ssid: usize) -> &str {
+        self.inner.subsys[ssid].name()
+    }
+
+    /// `mkdir`: makes cgroup `name` under `parent`, with one online css per
+    /// subsystem, each pinning its parent css.
+    ///
+    /// # Errors
+    ///
+    /// [`CgroupError::Removed`] if `parent` was removed,
+    /// [`CgroupError::Exists`], [`CgroupError::InvalidName`],
+    /// [`CgroupError::IdsExhausted`], [`CgroupError::SubsysRefused`],
+    /// [`CgroupError::WrongHierarchy`].
+    pub fn mkdir(&self, parent: &Cgroup, name: &str) -> Result<Cgroup, CgroupError> {
+        if name.is_empty() || name.contains('/') {
+            return Err(CgroupError::InvalidName {
+                name: name.to_string(),
+            });
+        }
+        let inner = &self.inner;
+        inner.check("mkdir", parent)?;
+        let _g = inner.cgroup_lock("mkdir");
+        if !parent.is_online() {
+            return Err(CgroupError::Removed {
+                op: "mkdir",
+                path: parent.path().to_string(),
+            });
+        }
+        let path = if parent.node.parent.is_none() {
+            format!("/{name}")
+        } else {
+            format!("{}/{name}", parent.path())
+        };
+        if sync::lock(&parent.node.children).contains_key(name) {
+            return Err(CgroupError::Exists { path });
+        }
+        let node = Arc::new(CgroupNode {
+            hid: inner.hid,
+            name: name.to_string(),
+            path,
+            parent: Some(parent.node.clone()),
+            subsys: (0..inner.subsys.len())
+                .map(|_| AtomicPtr::new(std::ptr::null_mut()))
+                .collect(),
+            online: AtomicBool::new(true),
+            nr_tasks: AtomicUsize::new(0),
+            children: Mutex::new(BTreeMap::new()),
+        });
+        for ssid in 0..inner.subsys.len() {
+            if let Err(e) = inner.css_create(&node, ssid) {
+                // Undo as the kernel does: destroy what was made.
+                node.online.store(false, Ordering::Release);
+                for made in 0..ssid {
+                    let p = node.subsys[made].load(Ordering::Acquire);
+                    kill_css(CssPtr::from_raw(p).expect("a made css is online"));
+                }
+                return Err(e);
+            }
+        }
+        sync::lock(&parent.node.children).insert(name.to_string(), node.clone());
+        Ok(Cgroup::from_node(node))
+    }
+
+    /// `rmdir` (`cgroup_destroy_locked`): removes an empty cgroup and kills
+    /// its csses. They go offline once their children are offline, are
+    /// released when the last reference is put, and are freed a grace
+    /// period later.
+    ///
+    /// # Errors
+    ///
+    /// [`CgroupError::Busy`] while tasks are attached or children exist;
+    /// [`CgroupError::Removed`], [`CgroupError::Root`],
+    /// [`CgroupError::WrongHierarchy`].
+    pub fn rmdir(&self, cg: &Cgroup) -> Result<(), CgroupError> {
+        let inner = &self.inner;
+        inner.check("rmdir", cg)?;
+        let parent = cg
+            .node
+            .parent
+            .as_ref()
+            .ok_or(CgroupError::Root { op: "rmdir" })?;
+        let _g = inner.cgroup_lock("rmdir");
+        let path = || cg.path().to_string();
+        if !cg.is_online() {
+            return Err(CgroupError::Removed {
+                op: "rmdir",
+                path: path(),
+            });
+        }
+        let tasks = cg.nr_tasks();
+        if tasks > 0 {
+            return Err(CgroupError::Busy {
+                path: path(),
+                reason: BusyReason::HasTasks(tasks),
+            });
+        }
+        let children: Vec<String> = sync::lock(&cg.node.children).keys().cloned().collect();
+        if !children.is_empty() {
+            return Err(CgroupError::Busy {
+                path: path(),
+                reason: BusyReason::HasChildren(children),
+            });
+        }
+        cg.node.online.store(false, Ordering::Release);
+        sync::lock(&parent.children).remove(cg.name());
+        for slot in cg.node.subsys.iter() {
+            let p = CssPtr::from_raw(slot.load(Ordering::Acquire))
+                .expect("rmdir: an online cgroup has an online css per subsystem");
+            kill_css(p);
+        }
+        Ok(())
+    }
+
+    /// Enters an RCU read section, for [`css_from_id`](Self::css_from_id).
+    pub fn rcu_read_lock(&self) -> RcuGuard {
+        rcu::read_lock()
+    }
+
+    /// `css_from_id`: the css with `id` in subsystem `ssid`, valid while
+    /// `guard` is held. It may be dying or offline; take a reference with
+    /// [`Css::tryget_online`] (or [`Css::tryget`]) to keep it.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use percpu_ref::css::{Hierarchy, Recorder};
+    /// let h = Hierarchy::new(vec![Recorder::new("memory")]);
+    /// let a = h.mkdir(&h.root(), "a").unwrap();
+    /// let id = a.css(0).unwrap().id();
+    /// let guard = h.rcu_read_lock();
+    /// let css = h.css_from_id(0, id, &guard).unwrap().tryget_online().unwrap();
+    /// drop(guard);
+    /// assert_eq!(css.cgroup_path(), "/a");
+    /// ```
+    pub fn css_from_id<'g>(&self, ssid: usize, id: u32, guard: &'g RcuGuard) -> Option<&'g Css> {
+        let _ = guard;
+        let p = CssPtr::from_raw(self.inner.idrs.get(ssid)?.find(id))?;
+        // SAFETY: the slot is cleared at release and the css freed a grace
+        // period later; `guard` is a read section that began before the load
+        // and outlives the returned reference.
+        Some(unsafe { p.get() })
+    }
+
+    /// Makes a task in `cg` (its css_set takes a reference on each css).
+    ///
+    /// # Errors
+    ///
+    /// [`CgroupError::Removed`] if `cg` was removed;
+    /// [`CgroupError::WrongHierarchy`].
+    pub fn spawn(&self, cg: &Cgroup) -> Result<super::Task, CgroupError> {
+        let inner = &self.inner;
+        inner.check("spawn", cg)?;
+        let _g = inner.cgroup_lock("spawn");
+        let set = self.css_set_locked("spawn", cg)?;
+        cg.node.nr_tasks.fetch_add(1, Ordering::AcqRel);
+        Ok(super::Task::new(inner.hid, set))
+    }
+
+    /// `cgroup_attach_task`: moves `task` to `cg`, swapping its css_set
+    /// (readers holding the old set keep its references until they drop
+    /// it).
+    ///
+    /// # Errors
+    ///
+    /// [`CgroupError::Removed`] if `cg` was removed;
+    /// [`CgroupError::WrongHierarchy`].
+    pub fn attach(&self, task: &super::Task, cg: &Cgroup) -> Result<(), CgroupError> {
+        let inner = &self.inner;
+        inner.check("attach", cg)?;
+        if task.hid() != inner.hid {
+            return Err(CgroupError::WrongHierarchy {
+                op: "attach",
+                path: task.cgroup().path().to_string(),
+            });
+        }
+        let g = inner.cgroup_lock("attach");
+        let set = self.css_set_locked("attach", cg)?;
+        cg.node.nr_tasks.fetch_add(1, Ordering::AcqRel);
+        let old = task.swap_css_set(set);
+        old.cgroup()
+            .nr_tasks_counter()
+            .fetch_sub(1, Ordering::AcqRel);
+        drop(g);
+        drop(old); // puts the old csses, outside the mutex
+        Ok(())
+    }
+
+    fn css_set_locked(
+        &self,
+        op: &'static str,
+        cg: &Cgroup,
+    ) -> Result<Arc<super::CssSet>, CgroupError> {
+        if !cg.is_online() {
+            return Err(CgroupError::Removed {
+                op,
+                path: cg.path().to_string(),
+            });
+        }
+        let csses = cg
+            .node
+            .subsys
+            .iter()
+            .map(|slot| {
+                let p = CssPtr::from_raw(slot.load(Ordering::Acquire))
+                    .expect("an online cgroup has an online css per subsystem");
+                // SAFETY: online under cgroup_mutex: the base reference is held.
+                unsafe { p.get() }.get()
+            })
+            .collect();
+        Ok(Arc::new(super::CssSet::new(cg.clone(), csses)))
+    }
+
+    /// Runs queued destroy work now (the only way it runs with
+    /// [`WorkMode::Manual`]); returns how many items ran.
+    pub fn run_destroy_work(&self) -> usize {
+        let g = self.inner.cgroup_lock("run_destroy_work");
+        let ran = self.inner.drain_locked();
+        drop(g);
+        ran
+    }
+
+    /// Waits until no destroy work is queued and no css waits for a grace
+    /// period (`rcu_barrier` plus `flush_workqueue`). Returns false if that
+    /// did not happen within about ten seconds (a thread stayed inside an
+    /// RCU read section).
+    pub fn flush(&self) -> bool {
+        for attempt in 0..20_000u32 {
+            let g = self.inner.cgroup_lock("flush");
+            self.inner.drain_locked();
+            // Checked under the mutex, so no work is running elsewhere; grace
+            // period work counts as pending until it was queued.
+            let done =
+                self.inner.rcu_pending.load(Ordering::Acquire) == 0 && self.inner.queue_is_empty();
+            drop(g);
+            if done {
+                return true;
+            }
+            #[cfg(loom)]
+            {
+                let due: Vec<Work> = std::mem::take(&mut *sync::lock(&self.inner.rcu_list));
+                for w in due {
+                    sync::lock(&self.inner.destroy_wq).push_back(w);
+                    self.inner.rcu_pending.fetch_sub(1, Ordering::AcqRel);
+                }
+            }
+            #[cfg(not(loom))]
+            {
+                rcu::advance();
+                if attempt > 100 {
+                    std::thread::sleep(std::time::Duration::from_micros(500));
+                }
+            }
+            let _ = attempt;
+        }
+        false
+    }
+
+    /// Non-root csses allocated and not yet freed.
+    pub fn nr_css(&self) -> usize {
+        self.inner.nr_css.load(Ordering::Acquire)
+    }
+
+    /// Css ids in use in subsystem `ssid` (the root's included).
+    pub fn nr_css_ids(&self, ssid: usize) -> usize {
+        self.inner.idrs[ssid].in_use()
+    }
+}
+
+impl fmt::Debug for Hierarchy {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Hierarchy")
+            .field(
+                "subsys",
+                &self
+                    .inner
+                    .subsys
+                    .iter()
+                    .map(|s| s.name().to_string())
+                    .collect::<Vec<_>>(),
+            )
+            .field("nr_css", &self.nr_css())
+            .finish()
+    }
+}

@@ -1,0 +1,95 @@
+//! The css id table: the kernel's `ss->css_idr`.
+//!
+//! One table per subsystem maps a css id to its css. Lookups are lock-free
+//! (one atomic load) and must run inside an RCU read section (an epoch
+//! guard): a slot is cleared when its css is *released*, and the css is
+//! freed only a grace period later, so a pointer loaded under a guard
+//! stays valid until the guard is dropped.
+//!
+//! Ids are allocated cyclically (as `idr_alloc_cyclic`), so a freed id is
+//! not handed out again soon; an id is reserved from `alloc` until
+//! `remove`, which happens at free time, never before.
+//!
+//! Writers (`alloc`, `publish`, `unpublish`, `remove`) run under the
+//! hierarchy's `cgroup_mutex`; the allocation state has its own lock only
+//! to keep the type self-contained.
+
+use super::subsys_state::Css;
+use crate::sync::{self, AtomicPtr, Mutex, Ordering};
+use std::ptr;
+
+pub(crate) struct Idr {
+    slots: Box<[AtomicPtr<Css>]>,
+    alloc: Mutex<IdAlloc>,
+}
+
+struct IdAlloc {
+    used: Vec<bool>,
+    next: usize,
+    in_use: usize,
+}
+
+impl Idr {
+    /// A table for ids `1..capacity`.
+    pub(crate) fn new(capacity: usize) -> Idr {
+        let capacity = capacity.max(2);
+        Idr {
+            slots: (0..capacity)
+                .map(|_| AtomicPtr::new(ptr::null_mut()))
+                .collect(),
+            alloc: Mutex::new(IdAlloc {
+                used: vec![false; capacity],
+                next: 1,
+                in_use: 0,
+            }),
+        }
+    }
+
+    /// Reserves a free id at or above `min` (the slot stays empty until
+    /// [`publish`](Self::publish)); `None` when every id is taken.
+    pub(crate) fn alloc(&self, min: usize) -> Option<u32> {
+        let mut a = sync::lock(&self.alloc);
+        let cap = a.used.len();
+        let start = a.next.max(min);
+        let id = (start..cap).chain(min..start).find(|&i| !a.used[i])?;
+        a.used[id] = true;
+        a.in_use += 1;
+        a.next = if id + 1 >= cap { min } else { id + 1 };
+        Some(id as u32)
+    }
+
+    /// Makes `css` visible to lookups under `id`.
+    pub(crate) fn publish(&self, id: u32, css: *mut Css) {
+        self.slots[id as usize].store(css, Ordering::Release);
+    }
+
+    /// Hides the css under `id` from new lookups (`idr_replace(NULL)`); the
+    /// id stays reserved.
+    pub(crate) fn unpublish(&self, id: u32) {
+        self.slots[id as usize].store(ptr::null_mut(), Ordering::Release);
+    }
+
+    /// Frees `id` for reuse (`idr_remove`).
+    pub(crate) fn remove(&self, id: u32) {
+        let mut a = sync::lock(&self.alloc);
+        let slot = &mut a.used[id as usize];
+        assert!(*slot, "css idr: removing id {id}, which is not allocated");
+        *slot = false;
+        a.in_use -= 1;
+        self.slots[id as usize].store(ptr::null_mut(), Ordering::Release);
+    }
+
+    /// The css published under `id`, or null. The caller must be inside an
+    /// RCU read section to dereference the result.
+    pub(crate) fn find(&self, id: u32) -> *mut Css {
+        match self.slots.get(id as usize) {
+            Some(slot) => slot.load(Ordering::Acquire),
+            None => ptr::null_mut(),
+        }
+    }
+
+    /// How many ids are reserved.
+    pub(crate) fn in_use(&self) -> usize {
+        sync::lock(&self.alloc).in_use
+    }
+}

@@ -1,0 +1,58 @@
+//! The RCU seam: read sections and the grace period before a css is freed.
+//!
+//! Outside loom this is crossbeam-epoch: a read section is a pinned
+//! [`Guard`](crossbeam_epoch::Guard) and `queue_rcu_work` is
+//! [`Guard::defer`](crossbeam_epoch::Guard::defer), which runs the work
+//! once every thread pinned at the time has unpinned — the kernel's
+//! `rcu_read_lock` and `queue_rcu_work`.
+//!
+//! crossbeam-epoch cannot run under loom, so under `cfg(loom)` a read
+//! section is a no-op token and the hierarchy keeps grace-period work in a
+//! list that only `Hierarchy::flush` moves to the destroy queue (see
+//! `hierarchy.rs`). The loom models therefore check the refcount, offline
+//! and release ordering, and free only after their threads joined; the
+//! grace period itself is crossbeam-epoch's, tested by crossbeam.
+
+/// An RCU read section: css pointers loaded from the id table or a
+/// cgroup while it is held stay valid (not freed) until it is dropped.
+///
+/// Made by [`Hierarchy::rcu_read_lock`](super::Hierarchy::rcu_read_lock).
+pub struct RcuGuard {
+    #[cfg(not(loom))]
+    _guard: crossbeam_epoch::Guard,
+    #[cfg(loom)]
+    _guard: (),
+}
+
+impl std::fmt::Debug for RcuGuard {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("RcuGuard")
+    }
+}
+
+/// Enters an RCU read section.
+pub(crate) fn read_lock() -> RcuGuard {
+    RcuGuard {
+        #[cfg(not(loom))]
+        _guard: crossbeam_epoch::pin(),
+        #[cfg(loom)]
+        _guard: (),
+    }
+}
+
+/// Runs `f` after a grace period (on whichever thread collects it).
+#[cfg(not(loom))]
+pub(crate) fn call_rcu(f: impl FnOnce() + Send + 'static) {
+    let guard = crossbeam_epoch::pin();
+    guard.defer(f);
+    // Hand the deferred work to the global queue now, so that another
+    // thread's flush can run it even if this thread goes idle.
+    guard.flush();
+}
+
+/// Helps the grace period along: tries to advance the epoch and runs
+/// deferred work that became due.
+#[cfg(not(loom))]
+pub(crate) fn advance() {
+    crossbeam_epoch::pin().flush();
+}

@@ -1,0 +1,223 @@
+//! Subsystems (controllers): the kernel's `struct cgroup_subsys` callbacks,
+//! and [`Recorder`], a subsystem that writes every callback to a log.
+
+use super::subsys_state::Css;
+use std::fmt;
+use std::sync::{Arc, Mutex};
+
+/// A cgroup subsystem (controller), as the kernel's `struct cgroup_subsys`.
+///
+/// Each cgroup has one [`Css`] per subsystem of its hierarchy. The
+/// callbacks run in the kernel's order, each exactly once per css:
+///
+/// 1. [`css_alloc`](Self::css_alloc) — the css exists but nothing can see
+///    it yet; an error makes `mkdir` fail.
+/// 2. [`css_online`](Self::css_online) — the css is linked to its parent;
+///    an error makes `mkdir` fail (then only `css_free` follows).
+/// 3. [`css_offline`](Self::css_offline) — after `rmdir` killed the css,
+///    once no `css_tryget_online` can succeed and every child css is
+///    offline. References may still be held.
+/// 4. [`css_released`](Self::css_released) — the last reference was put;
+///    the css is unlinked from its parent and the id table.
+/// 5. [`css_free`](Self::css_free) — a grace period later: nothing can
+///    reach the css any more. Every child was freed before.
+///
+/// The callbacks run with the hierarchy's `cgroup_mutex` held (except
+/// `css_alloc`/`css_online` of a hierarchy's root css, run at creation,
+/// and the root's teardown when the hierarchy is dropped): they must not
+/// call `mkdir`, `rmdir`, `attach` or `run_destroy_work` on the same
+/// hierarchy.
+///
+/// # Examples
+///
+/// ```
+/// use percpu_ref::css::{Css, Hierarchy, Subsys};
+/// use std::sync::Arc;
+/// use std::sync::atomic::{AtomicUsize, Ordering};
+///
+/// #[derive(Default)]
+/// struct Counting { online: AtomicUsize }
+/// impl Subsys for Counting {
+///     fn name(&self) -> &str { "counting" }
+///     fn css_online(&self, _css: &Css) -> Result<(), String> {
+///         self.online.fetch_add(1, Ordering::SeqCst);
+///         Ok(())
+///     }
+///     fn css_offline(&self, _css: &Css) {
+///         self.online.fetch_sub(1, Ordering::SeqCst);
+///     }
+/// }
+///
+/// let ss = Arc::new(Counting::default());
+/// let h = Hierarchy::new(vec![ss.clone()]);
+/// let a = h.mkdir(&h.root(), "a").unwrap();
+/// assert_eq!(ss.online.load(Ordering::SeqCst), 2); // root and a
+/// h.rmdir(&a).unwrap();
+/// assert_eq!(ss.online.load(Ordering::SeqCst), 1);
+/// ```
+pub trait Subsys: Send + Sync + 'static {
+    /// The subsystem's name (`"memory"`, `"io"`, ...).
+    fn name(&self) -> &str;
+    /// The css was allocated. `Err` refuses the `mkdir`.
+    fn css_alloc(&self, css: &Css) -> Result<(), String> {
+        let _ = css;
+        Ok(())
+    }
+    /// The css is about to go online. `Err` refuses the `mkdir`.
+    fn css_online(&self, css: &Css) -> Result<(), String> {
+        let _ = css;
+        Ok(())
+    }
+    /// The css went offline (after every child css).
+    fn css_offline(&self, css: &Css) {
+        let _ = css;
+    }
+    /// The css's last reference was put.
+    fn css_released(&self, css: &Css) {
+        let _ = css;
+    }
+    /// The css is about to be freed (after every child css).
+    fn css_free(&self, css: &Css) {
+        let _ = css;
+    }
+}
+
+/// Which callback an [`Event`] records.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum EventKind {
+    /// [`Subsys::css_alloc`].
+    Alloc,
+    /// [`Subsys::css_online`].
+    Online,
+    /// [`Subsys::css_offline`].
+    Offline,
+    /// [`Subsys::css_released`].
+    Released,
+    /// [`Subsys::css_free`].
+    Free,
+}
+
+impl EventKind {
+    /// The kernel callback's name.
+    pub fn callback(self) -> &'static str {
+        match self {
+            EventKind::Alloc => "css_alloc",
+            EventKind::Online => "css_online",
+            EventKind::Offline => "css_offline",
+            EventKind::Released => "css_released",
+            EventKind::Free => "css_free",
+        }
+    }
+}
+
+/// One recorded callback: which, on which css.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Event {
+    /// The callback.
+    pub kind: EventKind,
+    /// The subsystem's name.
+    pub subsys: String,
+    /// The css id (unique within its subsystem while the css lives).
+    pub css_id: u32,
+    /// The cgroup's path (`/` for the root).
+    pub path: String,
+}
+
+impl fmt::Display for Event {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{:<12} {:>8} css#{:<4} {}",
+            self.kind.callback(),
+            self.subsys,
+            self.css_id,
+            self.path
+        )
+    }
+}
+
+/// A shared, ordered log of [`Event`]s.
+pub type EventLog = Arc<Mutex<Vec<Event>>>;
+
+/// A subsystem that records every callback in an [`EventLog`], so tests
+/// and examples can check the lifecycle order.
+///
+/// # Examples
+///
+/// ```
+/// use percpu_ref::css::{EventKind, Hierarchy, Recorder};
+/// let rec = Recorder::new("memory");
+/// let h = Hierarchy::new(vec![rec.clone()]);
+/// let a = h.mkdir(&h.root(), "a").unwrap();
+/// h.rmdir(&a).unwrap();
+/// assert!(h.flush()); // wait for the grace period and the free
+/// let kinds: Vec<_> = rec.events().iter().filter(|e| e.path == "/a").map(|e| e.kind).collect();
+/// use EventKind::*;
+/// assert_eq!(kinds, [Alloc, Online, Offline, Released, Free]);
+/// ```
+pub struct Recorder {
+    name: String,
+    log: EventLog,
+}
+
+impl Recorder {
+    /// A recorder with its own log.
+    pub fn new(name: &str) -> Arc<Recorder> {
+        Self::with_log(name, EventLog::default())
+    }
+
+    /// A recorder that appends to `log` (share one log between several
+    /// subsystems to see their relative order).
+    pub fn with_log(name: &str, log: EventLog) -> Arc<Recorder> {
+        Arc::new(Recorder {
+            name: name.to_string(),
+            log,
+        })
+    }
+
+    /// The log this recorder appends to.
+    pub fn log(&self) -> EventLog {
+        self.log.clone()
+    }
+
+    /// A copy of the events recorded so far.
+    pub fn events(&self) -> Vec<Event> {
+        lock_log(&self.log).clone()
+    }
+
+    fn record(&self, kind: EventKind, css: &Css) {
+        lock_log(&self.log).push(Event {
+            kind,
+            subsys: self.name.clone(),
+            css_id: css.id(),
+            path: css.cgroup_path().to_string(),
+        });
+    }
+}
+
+fn lock_log(log: &EventLog) -> std::sync::MutexGuard<'_, Vec<Event>> {
+    log.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl Subsys for Recorder {
+    fn name(&self) -> &str {
+        &self.name
+    }
+    fn css_alloc(&self, css: &Css) -> Result<(), String> {
+        self.record(EventKind::Alloc, css);
+        Ok(())
+    }
+    fn css_online(&self, css: &Css) -> Result<(), String> {
+        self.record(EventKind::Online, css);
+        Ok(())
+    }
+    fn css_offline(&self, css: &Css) {
+        self.record(EventKind::Offline, css);
+    }
+    fn css_released(&self, css: &Css) {
+        self.record(EventKind::Released, css);
+    }
+    fn css_free(&self, css: &Css) {
+        self.record(EventKind::Free, css);
+    }
+}

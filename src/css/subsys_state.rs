@@ -1,0 +1,635 @@
+//! The css itself, its reference operations, and the kernel's lifecycle
+//! functions (`css_create` through `css_free_rwork_fn`).
+//!
+//! A [`Css`] is one heap allocation whose lifetime the refcount decides:
+//! it is reachable through the id table and its cgroup's `subsys[]` slot
+//! (RCU pointers, cleared before release) and through references
+//! ([`CssRef`], [`CssRefs`], css_sets, charges, child csses). It is freed
+//! by `css_free_work_fn`, which only runs a grace period after the last
+//! reference was put and the RCU pointers were cleared.
+
+use super::hierarchy::{Cgroup, CgroupNode, Inner};
+use super::subsys::Subsys;
+use crate::sync::{self, AtomicUsize, Mutex, Ordering};
+use crate::{InitFlags, PercpuRef};
+use std::fmt;
+use std::mem::MaybeUninit;
+use std::ops::Deref;
+use std::ptr::NonNull;
+use std::sync::Arc;
+
+/// The root css of a hierarchy is not reference counted (the kernel's
+/// `CSS_NO_REF`): get and put on it do nothing.
+pub(crate) const CSS_NO_REF: usize = 1 << 0;
+/// Between `online_css` and `offline_css`.
+pub(crate) const CSS_ONLINE: usize = 1 << 1;
+/// Set by `css_release_work_fn`.
+pub(crate) const CSS_RELEASED: usize = 1 << 2;
+/// Set by `kill_css`.
+pub(crate) const CSS_DYING: usize = 1 << 3;
+/// Set by `offline_css` (the kernel tells "not yet online" from "offline"
+/// by context; here the state query needs it).
+pub(crate) const CSS_OFFLINED: usize = 1 << 4;
+
+/// Where a css is in its lifecycle (see the [module docs](super)).
+/// "Freed" is not a state a live `&Css` can be in: it is seen through
+/// [`Subsys::css_free`] and [`Hierarchy::nr_css`](super::Hierarchy::nr_css).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum CssState {
+    /// Allocated, not yet online (only seen by `css_alloc`/`css_online`).
+    New,
+    /// Online: `css_tryget_online` succeeds.
+    Online,
+    /// Killed by `rmdir`; waiting for its children to go offline.
+    Dying,
+    /// `css_offline` ran; references may still be held.
+    Offline,
+    /// The last reference was put; it will be freed after a grace period.
+    Released,
+}
+
+/// A raw pointer to a css whose lifetime someone else guarantees (a held
+/// reference, an RCU read section, or `cgroup_mutex` plus a pin).
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub(crate) struct CssPtr(NonNull<Css>);
+
+// SAFETY: `Css` is `Sync` (atomics, locks and `Send + Sync` callbacks), and
+// a `CssPtr` is only dereferenced while its css is kept alive by the
+// refcount protocol, whichever thread does it.
+unsafe impl Send for CssPtr {}
+// SAFETY: as above; sharing the pointer shares only `&Css`.
+unsafe impl Sync for CssPtr {}
+
+impl CssPtr {
+    /// The css.
+    ///
+    /// # Safety
+    ///
+    /// The css must not be freed for `'a`: the caller holds a reference, an
+    /// RCU read section it loaded the pointer under, or `cgroup_mutex`
+    /// (frees run only under it) with the css pinned.
+    pub(crate) unsafe fn get<'a>(self) -> &'a Css {
+        // SAFETY: the caller guarantees the allocation is live for 'a.
+        unsafe { self.0.as_ref() }
+    }
+
+    pub(crate) fn as_ptr(self) -> *mut Css {
+        self.0.as_ptr()
+    }
+
+    pub(crate) fn from_raw(p: *mut Css) -> Option<CssPtr> {
+        NonNull::new(p).map(CssPtr)
+    }
+}
+
+/// A cgroup subsystem state: one cgroup's state for one subsystem, kept
+/// alive by a [`PercpuRef`].
+///
+/// Obtained as a [`CssRef`] (from [`Cgroup::css`], a task's css_set, or a
+/// `tryget`), or as `&Css` under an RCU read section from
+/// [`Hierarchy::css_from_id`](super::Hierarchy::css_from_id).
+///
+/// # Examples
+///
+/// ```
+/// use percpu_ref::css::{CssState, Hierarchy, Recorder};
+/// let h = Hierarchy::new(vec![Recorder::new("memory")]);
+/// let a = h.mkdir(&h.root(), "a").unwrap();
+/// let css = a.css(0).unwrap(); // css_tryget_online
+/// assert_eq!(css.state(), CssState::Online);
+/// let more = css.get_many(3); // css_get_many
+/// h.rmdir(&a).unwrap();
+/// assert_eq!(css.state(), CssState::Offline); // references still held
+/// assert!(css.tryget_online().is_none());
+/// assert!(css.tryget().is_some()); // the count is not zero yet
+/// drop(more); // css_put_many
+/// drop(css); // the last css_put: released, freed after a grace period
+/// assert!(h.flush());
+/// assert_eq!(h.nr_css(), 0);
+/// ```
+pub struct Css {
+    refcnt: PercpuRef,
+    flags: AtomicUsize,
+    /// 1 for itself while online, plus one per online child.
+    pub(crate) online_cnt: AtomicUsize,
+    id: u32,
+    ssid: usize,
+    pub(crate) parent: Option<CssPtr>,
+    pub(crate) cgroup: Arc<CgroupNode>,
+    pub(crate) subsys: Arc<dyn Subsys>,
+    /// The hierarchy, for queueing destroy work; `None` for a root css
+    /// (which is never released, and would otherwise keep its own
+    /// hierarchy alive).
+    pub(crate) hier: Option<Arc<Inner>>,
+    /// Ids of linked child csses (`css->children`), under `cgroup_mutex`.
+    pub(crate) children: Mutex<Vec<u32>>,
+}
+
+pub(crate) struct CssInit {
+    pub(crate) id: u32,
+    pub(crate) ssid: usize,
+    pub(crate) parent: Option<CssPtr>,
+    pub(crate) cgroup: Arc<CgroupNode>,
+    pub(crate) subsys: Arc<dyn Subsys>,
+    pub(crate) hier: Option<Arc<Inner>>,
+    pub(crate) atomic_refcnt: bool,
+    pub(crate) flags: usize,
+}
+
+impl Css {
+    /// Allocates a css in its final place, so that its refcount's release
+    /// callback can name it.
+    pub(crate) fn alloc(init: CssInit) -> CssPtr {
+        let raw: *mut Css = Box::into_raw(Box::new(MaybeUninit::<Css>::uninit())).cast();
+        let me = CssPtr(NonNull::new(raw).expect("Box::into_raw is never null"));
+        let flags = if init.atomic_refcnt {
+            InitFlags::INIT_ATOMIC
+        } else {
+            InitFlags::empty()
+        };
+        let refcnt = PercpuRef::with_flags(move |_| css_release(me), flags);
+        let css = Css {
+            refcnt,
+            flags: AtomicUsize::new(init.flags),
+            online_cnt: AtomicUsize::new(0),
+            id: init.id,
+            ssid: init.ssid,
+            parent: init.parent,
+            cgroup: init.cgroup,
+            subsys: init.subsys,
+            hier: init.hier,
+            children: Mutex::new(Vec::new()),
+        };
+        // SAFETY: `raw` is a fresh, writable allocation with the layout of
+        // `Css` (`MaybeUninit<Css>` has the same layout).
+        unsafe { raw.write(css) };
+        me
+    }
+
+    /// Frees a css allocated by [`alloc`](Self::alloc).
+    ///
+    /// # Safety
+    ///
+    /// Nothing can reach `p` any more: it was never published, or it was
+    /// released, unpublished and a grace period has passed.
+    pub(crate) unsafe fn dealloc(p: CssPtr) {
+        // SAFETY: `p` came from `Box::into_raw` of a `MaybeUninit<Css>`
+        // that `alloc` initialised; the caller guarantees no other user.
+        drop(unsafe { Box::from_raw(p.as_ptr()) });
+    }
+
+    fn ptr(&self) -> CssPtr {
+        CssPtr(NonNull::from(self))
+    }
+
+    // ----- the kernel's css refcount operations -----------------------------
+
+    pub(crate) fn get_raw(&self, n: usize) {
+        if self.flags.load(Ordering::Relaxed) & CSS_NO_REF == 0 {
+            self.refcnt.get_many(n);
+        }
+    }
+
+    pub(crate) fn put_raw(&self, n: usize) {
+        if self.flags.load(Ordering::Relaxed) & CSS_NO_REF == 0 {
+            self.refcnt.put_many(n);
+        }
+    }
+
+    /// `css_get`: takes a reference. The caller must already hold one (or
+    /// know the css is online).
+    ///
+    /// # Panics
+    ///
+    /// If the css was released (its count is zero): use
+    /// [`tryget`](Self::tryget) on a css found by id.
+    pub fn get(&self) -> CssRef {
+        self.get_raw(1);
+        CssRef { css: self.ptr() }
+    }
+
+    /// `css_get_many`: takes `n` references at once.
+    ///
+    /// # Panics
+    ///
+    /// As [`get`](Self::get).
+    pub fn get_many(&self, n: usize) -> CssRefs {
+        self.get_raw(n);
+        CssRefs { css: self.ptr(), n }
+    }
+
+    /// `css_tryget`: takes a reference unless the count is zero (the css
+    /// was released). Succeeds on dying and offline csses.
+    pub fn tryget(&self) -> Option<CssRef> {
+        let ok = self.is_root() || self.refcnt.tryget();
+        ok.then(|| CssRef { css: self.ptr() })
+    }
+
+    /// `css_tryget_online`: takes a reference unless the css was killed.
+    /// Once `rmdir` has killed it (its confirm ran), this fails on every
+    /// thread.
+    pub fn tryget_online(&self) -> Option<CssRef> {
+        let ok = self.is_root() || self.refcnt.tryget_live();
+        ok.then(|| CssRef { css: self.ptr() })
+    }
+
+    // ----- queries ----------------------------------------------------------
+
+    /// The css id, unique within its subsystem until the css is freed.
+    pub fn id(&self) -> u32 {
+        self.id
+    }
+
+    /// The subsystem's index in its hierarchy.
+    pub fn ssid(&self) -> usize {
+        self.ssid
+    }
+
+    /// The subsystem's name.
+    pub fn subsys_name(&self) -> &str {
+        self.subsys.name()
+    }
+
+    /// The path of the css's cgroup.
+    pub fn cgroup_path(&self) -> &str {
+        self.cgroup.path()
+    }
+
+    /// The css's cgroup.
+    pub fn cgroup(&self) -> Cgroup {
+        Cgroup::from_node(self.cgroup.clone())
+    }
+
+    /// The parent css (`None` for the root). A css pins its parent, so the
+    /// parent lives at least as long as `self`.
+    pub fn parent(&self) -> Option<&Css> {
+        // SAFETY: a css holds a reference on its parent until it is freed
+        // (`css_free_work_fn` puts it), so the parent outlives `&self`.
+        self.parent.map(|p| unsafe { p.get() })
+    }
+
+    /// Whether this is a hierarchy's root css (not reference counted).
+    pub fn is_root(&self) -> bool {
+        self.flags.load(Ordering::Relaxed) & CSS_NO_REF != 0
+    }
+
+    /// The lifecycle state.
+    pub fn state(&self) -> CssState {
+        let f = self.flags.load(Ordering::Acquire);
+        if f & CSS_RELEASED != 0 {
+            CssState::Released
+        } else if f & CSS_OFFLINED != 0 {
+            CssState::Offline
+        } else if f & CSS_DYING != 0 {
+            CssState::Dying
+        } else if f & CSS_ONLINE != 0 {
+            CssState::Online
+        } else {
+            CssState::New
+        }
+    }
+
+    /// Whether the css is online (`css_is_online`-like).
+    pub fn is_online(&self) -> bool {
+        self.flags.load(Ordering::Acquire) & CSS_ONLINE != 0
+    }
+
+    /// Whether `rmdir` killed the css (`css_is_dying`).
+    pub fn is_dying(&self) -> bool {
+        self.flags.load(Ordering::Acquire) & CSS_DYING != 0
+    }
+
+    /// Whether the refcount is still counting per CPU (until the kill).
+    pub fn refcnt_is_percpu(&self) -> bool {
+        self.refcnt.is_percpu()
+    }
+
+    /// The reference count once atomic (after the kill, or for
+    /// [`RefcntMode::Atomic`](super::RefcntMode::Atomic)); `None` while it
+    /// counts per CPU. For diagnostics and tests.
+    pub fn refcnt_atomic_count(&self) -> Option<u64> {
+        self.refcnt.atomic_count()
+    }
+
+    pub(crate) fn set_flags(&self, f: usize) {
+        self.flags.fetch_or(f, Ordering::AcqRel);
+    }
+
+    fn clear_flags(&self, f: usize) {
+        self.flags.fetch_and(!f, Ordering::AcqRel);
+    }
+}
+
+impl fmt::Debug for Css {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Css")
+            .field("subsys", &self.subsys_name())
+            .field("id", &self.id)
+            .field("cgroup", &self.cgroup_path())
+            .field("state", &self.state())
+            .field("online_cnt", &self.online_cnt.load(Ordering::Relaxed))
+            .field("refcnt", &self.refcnt)
+            .finish()
+    }
+}
+
+/// One reference on a css: `css_get` when made or cloned, `css_put` when
+/// dropped.
+///
+/// # Examples
+///
+/// ```
+/// use percpu_ref::css::{Hierarchy, Recorder};
+/// let h = Hierarchy::new(vec![Recorder::new("io")]);
+/// let a = h.mkdir(&h.root(), "a").unwrap();
+/// let r = a.css(0).unwrap();
+/// let r2 = r.clone(); // css_get
+/// assert_eq!(r2.cgroup_path(), "/a");
+/// r2.put(); // css_put (the same as drop)
+/// ```
+pub struct CssRef {
+    css: CssPtr,
+}
+
+impl CssRef {
+    /// `css_put`: drops the reference (the same as `drop`).
+    pub fn put(self) {
+        drop(self)
+    }
+}
+
+impl Deref for CssRef {
+    type Target = Css;
+    fn deref(&self) -> &Css {
+        // SAFETY: this reference keeps the count above zero, so the css is
+        // not released, let alone freed.
+        unsafe { self.css.get() }
+    }
+}
+
+impl Clone for CssRef {
+    fn clone(&self) -> CssRef {
+        self.get()
+    }
+}
+
+impl Drop for CssRef {
+    fn drop(&mut self) {
+        // Nothing touches the css after the put: it may be the last one.
+        self.deref().put_raw(1);
+    }
+}
+
+impl fmt::Debug for CssRef {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Debug::fmt(self.deref(), f)
+    }
+}
+
+/// `n` references on one css, from [`Css::get_many`]; dropping puts what is
+/// left with one `css_put_many`.
+///
+/// # Examples
+///
+/// ```
+/// use percpu_ref::css::{Hierarchy, Recorder};
+/// let h = Hierarchy::new(vec![Recorder::new("io")]);
+/// let a = h.mkdir(&h.root(), "a").unwrap();
+/// let mut refs = a.css(0).unwrap().get_many(10);
+/// refs.put_many(4);
+/// assert_eq!(refs.count(), 6);
+/// ```
+pub struct CssRefs {
+    css: CssPtr,
+    n: usize,
+}
+
+impl CssRefs {
+    /// How many references are held.
+    pub fn count(&self) -> usize {
+        self.n
+    }
+
+    /// `css_put_many`: drops `k` of the references.
+    ///
+    /// # Panics
+    ///
+    /// If `k` is more than [`count`](Self::count).
+    pub fn put_many(&mut self, k: usize) {
+        assert!(
+            k <= self.n,
+            "css_put_many({k}): only {} references are held",
+            self.n
+        );
+        self.n -= k;
+        // SAFETY: the `k` references being put keep the css alive for the
+        // put itself; nothing touches it afterwards.
+        unsafe { self.css.get() }.put_raw(k);
+    }
+}
+
+impl Deref for CssRefs {
+    type Target = Css;
+    fn deref(&self) -> &Css {
+        // SAFETY: `deref` is only reachable while `n > 0` references are
+        // held, or during the final put itself; either way not freed.
+        unsafe { self.css.get() }
+    }
+}
+
+impl Drop for CssRefs {
+    fn drop(&mut self) {
+        if self.n > 0 {
+            let n = self.n;
+            self.n = 0;
+            // SAFETY: the `n` references held keep the css alive for the put.
+            unsafe { self.css.get() }.put_raw(n);
+        }
+    }
+}
+
+impl fmt::Debug for CssRefs {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("CssRefs")
+            .field("count", &self.n)
+            .field("css", &self.css)
+            .finish()
+    }
+}
+
+// ----- lifecycle: the kernel's functions, in the order they run -------------
+
+/// Destroy work, run under `cgroup_mutex` from the hierarchy's destroy
+/// queue (the kernel's `cgroup_destroy_wq`).
+pub(crate) enum Work {
+    /// `css_killed_work_fn`.
+    Offline(CssPtr),
+    /// `css_release_work_fn`.
+    Release(CssPtr),
+    /// `css_free_rwork_fn` (queued after a grace period).
+    Free(CssPtr),
+}
+
+impl Work {
+    /// Runs the work; the caller holds `cgroup_mutex`.
+    pub(crate) fn run(self, inner: &Arc<Inner>) {
+        match self {
+            Work::Offline(p) => css_killed_work_fn(p),
+            Work::Release(p) => css_release_work_fn(inner, p),
+            Work::Free(p) => css_free_work_fn(inner, p),
+        }
+    }
+}
+
+/// `online_css`: the subsystem's `css_online`, then mark online, publish in
+/// the cgroup's `subsys[]`, and count in `online_cnt` (own and parent's).
+pub(crate) fn online_css(css: &Css) -> Result<(), String> {
+    css.subsys.css_online(css)?;
+    css.set_flags(CSS_ONLINE);
+    css.cgroup.subsys[css.ssid].store(css.ptr().as_ptr(), Ordering::Release);
+    css.online_cnt.fetch_add(1, Ordering::AcqRel);
+    if let Some(parent) = css.parent() {
+        parent.online_cnt.fetch_add(1, Ordering::AcqRel);
+    }
+    Ok(())
+}
+
+/// `kill_css`: called by `rmdir` under `cgroup_mutex`.
+///
+/// The extra reference keeps the css from being released before
+/// `css_killed_work_fn` has offlined it; it is dropped there.
+pub(crate) fn kill_css(p: CssPtr) {
+    // SAFETY: called under cgroup_mutex on an online css, which holds its
+    // base reference until this kill.
+    let css = unsafe { p.get() };
+    css.set_flags(CSS_DYING);
+    // mutant css_no_kill_ref: kill without the extra reference.
+    if !cfg!(percpu_ref_mutant = "css_no_kill_ref") {
+        css.get_raw(1);
+    }
+    if let Err(e) = css.refcnt.kill_and_confirm(|_| css_killed_ref_fn(p)) {
+        panic!("kill_css: css {} of {}: {e}", css.id, css.cgroup_path());
+    }
+}
+
+/// `css_killed_ref_fn`: the kill's confirm. No `css_tryget_online` can
+/// succeed any more; drop this css's own count in `online_cnt` and, if no
+/// child is still online, queue the offline work.
+///
+/// It runs with the ref's switch lock held (and `cgroup_mutex`, since only
+/// `rmdir` kills), so it only counts and queues.
+fn css_killed_ref_fn(p: CssPtr) {
+    // SAFETY: the kill holds the base and the extra reference.
+    let css = unsafe { p.get() };
+    let last = css.online_cnt.fetch_sub(1, Ordering::AcqRel) == 1;
+    // mutant css_no_online_cnt: offline at once, whatever the children.
+    if last || cfg!(percpu_ref_mutant = "css_no_online_cnt") {
+        hier_of(css).queue_work(Work::Offline(p));
+    }
+}
+
+/// `css_killed_work_fn`: offline the css, drop the kill's extra reference,
+/// and walk up: a dying parent whose last online child this was goes
+/// offline now too.
+fn css_killed_work_fn(mut p: CssPtr) {
+    loop {
+        // SAFETY: under cgroup_mutex (frees wait for it); `p` is pinned by
+        // the kill's extra reference, or by its child that we came from.
+        let css = unsafe { p.get() };
+        offline_css(css);
+        let parent = css.parent;
+        css.put_raw(1);
+        if cfg!(percpu_ref_mutant = "css_no_online_cnt") {
+            return;
+        }
+        match parent {
+            // SAFETY: the child we just offlined pins its parent until it is
+            // freed, and frees run under cgroup_mutex, which we hold.
+            Some(pp)
+                if unsafe { pp.get() }
+                    .online_cnt
+                    .fetch_sub(1, Ordering::AcqRel)
+                    == 1 =>
+            {
+                p = pp
+            }
+            _ => return,
+        }
+    }
+}
+
+/// `offline_css`: the subsystem's `css_offline`, then unpublish from the
+/// cgroup's `subsys[]`.
+fn offline_css(css: &Css) {
+    if !css.is_online() {
+        return;
+    }
+    css.subsys.css_offline(css);
+    css.clear_flags(CSS_ONLINE);
+    css.set_flags(CSS_OFFLINED);
+    let _ = css.cgroup.subsys[css.ssid].compare_exchange(
+        css.ptr().as_ptr(),
+        std::ptr::null_mut(),
+        Ordering::AcqRel,
+        Ordering::Relaxed,
+    );
+}
+
+/// `css_release`: the refcount's release callback. Runs on whichever
+/// thread put the last reference, possibly holding other locks, so it only
+/// queues the release work.
+fn css_release(p: CssPtr) {
+    // SAFETY: the count just reached zero, and frees only happen after the
+    // release work below ran and a grace period passed.
+    let css = unsafe { p.get() };
+    hier_of(css).clone().queue_work(Work::Release(p));
+}
+
+/// `css_release_work_fn`: mark released, unlink from the parent's children
+/// and the id table, tell the subsystem, and free after a grace period.
+fn css_release_work_fn(inner: &Arc<Inner>, p: CssPtr) {
+    // SAFETY: under cgroup_mutex; released but not yet queued for freeing.
+    let css = unsafe { p.get() };
+    css.set_flags(CSS_RELEASED);
+    if let Some(parent) = css.parent() {
+        sync::lock(&parent.children).retain(|&id| id != css.id);
+    }
+    inner.idrs[css.ssid].unpublish(css.id);
+    css.subsys.css_released(css);
+    inner.queue_rcu_work(Work::Free(p));
+}
+
+/// `css_free_rwork_fn`: a grace period after release nothing can reach the
+/// css: tell the subsystem, free it, free its id, and put the parent.
+fn css_free_work_fn(inner: &Arc<Inner>, p: CssPtr) {
+    // SAFETY: a grace period passed since the css was unpublished; only this
+    // work can reach it.
+    let css = unsafe { p.get() };
+    let (id, ssid, parent) = (css.id, css.ssid, css.parent);
+    css.subsys.css_free(css);
+    let live_children = sync::lock(&css.children).len();
+    assert!(
+        live_children == 0,
+        "css_free: css {id} of {} still has {live_children} linked children",
+        css.cgroup_path()
+    );
+    // SAFETY: as above; nothing touches `css` after this.
+    unsafe { Css::dealloc(p) };
+    inner.idrs[ssid].remove(id);
+    inner.css_freed();
+    if let Some(pp) = parent {
+        // SAFETY: the reference we are about to put keeps the parent alive.
+        unsafe { pp.get() }.put_raw(1);
+    }
+}
+
+fn hier_of(css: &Css) -> &Arc<Inner> {
+    match &css.hier {
+        Some(h) => h,
+        None => panic!(
+            "css {} of {}: the root css is never killed or released",
+            css.id,
+            css.cgroup_path()
+        ),
+    }
+}

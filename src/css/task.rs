@@ -1,0 +1,256 @@
+//! Tasks, css_sets and charges.
+//!
+//! A task points at its [`CssSet`] (one css per subsystem) through an
+//! [`ArcSwap`]: the kernel's RCU-protected `task->cgroups`. Readers load it
+//! without locks; `attach` swaps in a new set under `cgroup_mutex`, and the
+//! old set's references are put when its last reader drops it.
+//!
+//! [`Pages`] are memcg-style charges: each charged page holds one reference
+//! on the css it is charged to, so a removed cgroup's css stays (offline)
+//! until its last page is uncharged or moved away.
+
+use super::hierarchy::Cgroup;
+use super::subsys_state::{Css, CssPtr, CssRef};
+use arc_swap::ArcSwap;
+use std::fmt;
+use std::sync::Arc;
+
+/// A task's csses, one per subsystem, each held by a reference.
+pub struct CssSet {
+    cgroup: Cgroup,
+    csses: Vec<CssRef>,
+}
+
+impl CssSet {
+    pub(crate) fn new(cgroup: Cgroup, csses: Vec<CssRef>) -> CssSet {
+        CssSet { cgroup, csses }
+    }
+
+    /// The cgroup these csses belong to.
+    pub fn cgroup(&self) -> &Cgroup {
+        &self.cgroup
+    }
+
+    /// The css of subsystem `ssid` (`task_css`).
+    ///
+    /// # Panics
+    ///
+    /// If `ssid` is not a subsystem of the hierarchy.
+    pub fn css(&self, ssid: usize) -> &Css {
+        match self.csses.get(ssid) {
+            Some(c) => c,
+            None => panic!(
+                "CssSet::css({ssid}): the hierarchy has {} subsystems",
+                self.csses.len()
+            ),
+        }
+    }
+}
+
+impl fmt::Debug for CssSet {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("CssSet")
+            .field("cgroup", &self.cgroup.path())
+            .finish()
+    }
+}
+
+/// A task: a pointer to its css_set. Made by
+/// [`Hierarchy::spawn`](super::Hierarchy::spawn), moved by
+/// [`Hierarchy::attach`](super::Hierarchy::attach); dropping it is the
+/// task's exit.
+///
+/// # Examples
+///
+/// ```
+/// use percpu_ref::css::{Hierarchy, Pages, Recorder};
+/// let h = Hierarchy::new(vec![Recorder::new("memory")]);
+/// let a = h.mkdir(&h.root(), "a").unwrap();
+/// let task = h.spawn(&a).unwrap();
+/// let mut pages = Pages::new();
+/// pages.charge_task(&task, 0, 16); // a page fault charging 16 pages to /a
+/// assert_eq!(task.cgroup().path(), "/a");
+/// h.attach(&task, &h.root()).unwrap();
+/// h.rmdir(&a).unwrap(); // the pages still pin /a's css (offline, not freed)
+/// assert_eq!(h.nr_css(), 1);
+/// pages.uncharge(16);
+/// assert!(h.flush());
+/// assert_eq!(h.nr_css(), 0);
+/// ```
+pub struct Task {
+    hid: u64,
+    cgroups: ArcSwap<CssSet>,
+}
+
+impl Task {
+    pub(crate) fn new(hid: u64, set: Arc<CssSet>) -> Task {
+        Task {
+            hid,
+            cgroups: ArcSwap::new(set),
+        }
+    }
+
+    pub(crate) fn hid(&self) -> u64 {
+        self.hid
+    }
+
+    pub(crate) fn swap_css_set(&self, set: Arc<CssSet>) -> Arc<CssSet> {
+        self.cgroups.swap(set)
+    }
+
+    /// The task's current css_set (an RCU-style read: it may be replaced
+    /// meanwhile, and stays valid while the guard is held).
+    pub fn css_set(&self) -> arc_swap::Guard<Arc<CssSet>> {
+        self.cgroups.load()
+    }
+
+    /// The task's cgroup.
+    pub fn cgroup(&self) -> Cgroup {
+        self.cgroups.load().cgroup().clone()
+    }
+
+    /// A reference on the task's css for `ssid` (`task_get_css`).
+    pub fn get_css(&self, ssid: usize) -> CssRef {
+        self.cgroups.load().css(ssid).get()
+    }
+}
+
+impl Drop for Task {
+    fn drop(&mut self) {
+        let set = self.cgroups.load();
+        set.cgroup()
+            .nr_tasks_counter()
+            .fetch_sub(1, crate::sync::Ordering::AcqRel);
+    }
+}
+
+impl fmt::Debug for Task {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Task")
+            .field("cgroup", &self.cgroup().path().to_string())
+            .finish()
+    }
+}
+
+/// Charged pages: each page holds one reference on the css it is charged
+/// to (the memcg model: `css_get` per page on charge, `css_put` on
+/// uncharge, `get_many`/`put_many` when charges move).
+///
+/// # Examples
+///
+/// ```
+/// use percpu_ref::css::{Hierarchy, Pages, Recorder};
+/// let h = Hierarchy::new(vec![Recorder::new("memory")]);
+/// let a = h.mkdir(&h.root(), "a").unwrap();
+/// let b = h.mkdir(&h.root(), "b").unwrap();
+/// let (ca, cb) = (a.css(0).unwrap(), b.css(0).unwrap());
+/// let mut pages = Pages::new();
+/// pages.charge(&ca, 100);
+/// assert_eq!(pages.move_charge(&ca, &cb), 100);
+/// assert_eq!(pages.charged_to(&cb), 100);
+/// ```
+#[derive(Default)]
+pub struct Pages {
+    /// Each page's css; every entry holds one reference.
+    owners: Vec<CssPtr>,
+}
+
+impl Pages {
+    /// No pages.
+    pub fn new() -> Pages {
+        Pages::default()
+    }
+
+    /// Pages charged.
+    pub fn len(&self) -> usize {
+        self.owners.len()
+    }
+
+    /// Whether no page is charged.
+    pub fn is_empty(&self) -> bool {
+        self.owners.is_empty()
+    }
+
+    /// Charges `n` pages to `css` with one `css_get_many(n)`.
+    ///
+    /// # Panics
+    ///
+    /// If `css` was released (get on a zero count).
+    pub fn charge(&mut self, css: &Css, n: usize) {
+        css.get_raw(n);
+        let p = CssPtr::from_raw(css as *const Css as *mut Css).expect("a reference is never null");
+        self.owners.extend(std::iter::repeat(p).take(n));
+    }
+
+    /// Charges `n` pages to `task`'s css of subsystem `ssid` (the page
+    /// fault path: read `task->cgroups`, `css_get` under it).
+    pub fn charge_task(&mut self, task: &super::Task, ssid: usize, n: usize) {
+        let set = task.css_set();
+        self.charge(set.css(ssid), n);
+    }
+
+    /// Uncharges the last `n` pages (fewer if fewer are charged), one
+    /// `css_put_many` per run of pages on the same css; returns how many.
+    pub fn uncharge(&mut self, n: usize) -> usize {
+        let n = n.min(self.owners.len());
+        let mut left = n;
+        while left > 0 {
+            let last = *self.owners.last().expect("left <= len");
+            let mut run = 0;
+            while run < left && self.owners.last() == Some(&last) {
+                self.owners.pop();
+                run += 1;
+            }
+            // SAFETY: the `run` references being put keep the css alive.
+            unsafe { last.get() }.put_raw(run);
+            left -= run;
+        }
+        n
+    }
+
+    /// Pages charged to `css`.
+    pub fn charged_to(&self, css: &Css) -> usize {
+        let p = css as *const Css as *mut Css;
+        self.owners.iter().filter(|o| o.as_ptr() == p).count()
+    }
+
+    /// Moves every page charged to `from` over to `to`, as memcg's
+    /// `mem_cgroup_move_charge`: count the pages and precharge `to` with one
+    /// `css_get_many`, move each page, then `css_put_many` on `from`.
+    /// Returns how many moved.
+    ///
+    /// # Panics
+    ///
+    /// If `to` was released.
+    pub fn move_charge(&mut self, from: &Css, to: &Css) -> usize {
+        let from_p = from as *const Css as *mut Css;
+        let to_p = CssPtr::from_raw(to as *const Css as *mut Css).expect("never null");
+        if from_p == to_p.as_ptr() {
+            return 0;
+        }
+        let count = self.charged_to(from);
+        if count == 0 {
+            return 0;
+        }
+        to.get_raw(count);
+        for o in self.owners.iter_mut() {
+            if o.as_ptr() == from_p {
+                *o = to_p;
+            }
+        }
+        from.put_raw(count);
+        count
+    }
+}
+
+impl Drop for Pages {
+    fn drop(&mut self) {
+        self.uncharge(self.owners.len());
+    }
+}
+
+impl fmt::Debug for Pages {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Pages").field("len", &self.len()).finish()
+    }
+}

@@ -1,0 +1,233 @@
+//! The per-CPU arena: where the rseq backend's counters live.
+//!
+//! The kernel's percpu allocator layout: memory comes in *chunks*, each
+//! chunk is one *region* of [`REGION`] bytes per possible CPU, and a ref owns
+//! one 8-byte *slot* at the same offset in every region. Its counter on CPU
+//! `c` is at
+//!
+//! ```text
+//! chunk_base + c * REGION + offset
+//! ```
+//!
+//! so the fast path turns a CPU id into an address with one shift and one
+//! add, counters of different CPUs never share a cache line, and a ref costs
+//! 8 bytes per possible CPU (plus the handle it keeps in the `PercpuRef`).
+//! Cache-padding each ref's counters instead would cost 128 bytes per CPU
+//! per ref.
+//!
+//! # Invariants
+//!
+//! - A slot is owned by at most one live [`Slot`] handle; it returns to the
+//!   free list only when that handle drops, and a reused slot is zeroed on
+//!   every CPU before it is handed out again.
+//! - Chunks are allocated lazily (zeroed, so untouched pages cost nothing
+//!   until used) and never freed: a pointer into the arena stays valid for
+//!   the life of the process.
+//! - Sized by [`possible_cpus`], never by the CPUs this process may run on:
+//!   every `cpu_id` the kernel can report indexes a region.
+
+use super::cpus::possible_cpus;
+use std::alloc::{self, Layout};
+use std::ptr::NonNull;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
+
+/// log2 of [`REGION`].
+pub(crate) const REGION_SHIFT: u32 = 12;
+/// Bytes of one CPU's region in a chunk (one page).
+pub(crate) const REGION: usize = 1 << REGION_SHIFT;
+/// Slots per chunk.
+const SLOTS_PER_CHUNK: usize = REGION / 8;
+
+struct Arena {
+    chunks: Vec<NonNull<u8>>,
+    /// Slots released by dropped refs, reused before fresh ones.
+    free: Vec<u32>,
+    /// Slots handed out at least once: `0..fresh_next`.
+    fresh_next: usize,
+    live: usize,
+}
+
+// SAFETY: the chunk pointers are plain heap memory owned by the arena; all
+// access to the bookkeeping goes through the mutex.
+unsafe impl Send for Arena {}
+
+static ARENA: Mutex<Arena> = Mutex::new(Arena {
+    chunks: Vec::new(),
+    free: Vec::new(),
+    fresh_next: 0,
+    live: 0,
+});
+
+fn arena() -> std::sync::MutexGuard<'static, Arena> {
+    // The bookkeeping is updated only after every fallible step, so a
+    // poisoned lock holds no broken invariant.
+    ARENA.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+fn chunk_layout() -> Layout {
+    let bytes = possible_cpus()
+        .checked_mul(REGION)
+        .expect("percpu_ref: arena chunk size overflows usize");
+    Layout::from_size_align(bytes, REGION).expect("percpu_ref: arena chunk layout")
+}
+
+/// One ref's 8-byte slot in every CPU's region.
+pub(crate) struct Slot {
+    /// `chunk_base + offset`: CPU 0's counter; CPU `c`'s is `REGION * c`
+    /// bytes further.
+    base: NonNull<u8>,
+    index: u32,
+}
+
+// SAFETY: a slot is only a position in arena memory that lives for the
+// whole process; all access to it goes through atomics or the rseq
+// critical section.
+unsafe impl Send for Slot {}
+// SAFETY: as above.
+unsafe impl Sync for Slot {}
+
+impl Slot {
+    /// Takes a free slot (a released one first), zeroed on every CPU.
+    pub(crate) fn alloc() -> Slot {
+        let mut a = arena();
+        let (index, reused) = match a.free.pop() {
+            Some(i) => (i as usize, true),
+            None => {
+                let i = a.fresh_next;
+                if i == a.chunks.len() * SLOTS_PER_CHUNK {
+                    let layout = chunk_layout();
+                    // SAFETY: the layout has a non-zero size.
+                    let p = unsafe { alloc::alloc_zeroed(layout) };
+                    let Some(p) = NonNull::new(p) else {
+                        alloc::handle_alloc_error(layout)
+                    };
+                    a.chunks.push(p);
+                }
+                a.fresh_next = i + 1;
+                (i, false)
+            }
+        };
+        let index = u32::try_from(index)
+            .unwrap_or_else(|_| panic!("percpu_ref: the arena is full ({index} slots)"));
+        let chunk = a.chunks[index as usize / SLOTS_PER_CHUNK];
+        a.live += 1;
+        drop(a);
+        // SAFETY: the offset is below REGION, inside CPU 0's region.
+        let base = unsafe { chunk.add(index as usize % SLOTS_PER_CHUNK * 8) };
+        let slot = Slot { base, index };
+        if reused {
+            slot.zero();
+        }
+        slot
+    }
+
+    /// The address of CPU 0's counter; the fast path adds `cpu << REGION_SHIFT`.
+    #[inline(always)]
+    pub(crate) fn base(&self) -> *mut u8 {
+        self.base.as_ptr()
+    }
+
+    fn counter(&self, cpu: usize) -> &AtomicU64 {
+        debug_assert!(cpu < possible_cpus());
+        // SAFETY: `cpu` indexes a region of this slot's chunk, the address
+        // is 8-byte aligned, and arena memory lives for the whole process.
+        // Concurrent writers are only rseq sections on that CPU, which the
+        // callers exclude (after a grace period, or while the slot is not
+        // yet / no longer used by a ref).
+        unsafe { AtomicU64::from_ptr(self.base.as_ptr().add(cpu * REGION).cast()) }
+    }
+
+    /// The wrapping sum of this slot over every possible CPU.
+    pub(crate) fn sum(&self) -> u64 {
+        (0..possible_cpus()).fold(0u64, |s, cpu| {
+            s.wrapping_add(self.counter(cpu).load(Ordering::Relaxed))
+        })
+    }
+
+    /// Zeroes this slot on every possible CPU.
+    pub(crate) fn zero(&self) {
+        for cpu in 0..possible_cpus() {
+            self.counter(cpu).store(0, Ordering::Relaxed);
+        }
+    }
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        let mut a = arena();
+        a.free.push(self.index);
+        a.live -= 1;
+    }
+}
+
+/// Accounting of the per-CPU arena that holds the rseq backend's counters.
+///
+/// Every ref on the rseq backend owns one slot: 8 bytes in each possible
+/// CPU's region. See [`arena_stats`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ArenaStats {
+    /// Slots owned by live refs.
+    pub live_slots: usize,
+    /// Slots released by dropped refs and waiting to be reused.
+    pub free_slots: usize,
+    /// Slots not handed out yet in the allocated chunks.
+    pub unused_slots: usize,
+    /// Chunks allocated (never freed).
+    pub chunks: usize,
+    /// Bytes of all chunks (`chunks * possible_cpus * REGION`).
+    pub reserved_bytes: usize,
+    /// Bytes one slot costs: 8 per possible CPU.
+    pub bytes_per_slot: usize,
+}
+
+/// The per-CPU arena's accounting, for the whole process.
+///
+/// Zero everywhere until a ref on the rseq backend is made.
+///
+/// # Examples
+///
+/// ```
+/// use percpu_ref::{percpu::arena_stats, Backend, InitFlags, PercpuRef};
+/// let s = arena_stats();
+/// assert_eq!(s.bytes_per_slot, 8 * percpu_ref::possible_cpus());
+/// if let Ok(r) = PercpuRef::with_backend(|_| {}, InitFlags::empty(), Backend::Rseq) {
+///     assert_eq!(r.percpu_bytes(), s.bytes_per_slot);
+///     assert!(arena_stats().live_slots >= 1);
+/// }
+/// ```
+pub fn arena_stats() -> ArenaStats {
+    let a = arena();
+    let capacity = a.chunks.len() * SLOTS_PER_CHUNK;
+    ArenaStats {
+        live_slots: a.live,
+        free_slots: a.free.len(),
+        unused_slots: capacity - a.fresh_next,
+        chunks: a.chunks.len(),
+        reserved_bytes: a.chunks.len() * possible_cpus() * REGION,
+        bytes_per_slot: 8 * possible_cpus(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reused_slot_is_zeroed_and_distinct() {
+        let a = Slot::alloc();
+        let b = Slot::alloc();
+        assert_ne!(a.base(), b.base());
+        for cpu in 0..possible_cpus() {
+            a.counter(cpu).store(cpu as u64 + 5, Ordering::Relaxed);
+        }
+        let n = possible_cpus() as u64;
+        assert_eq!(a.sum(), n * 5 + n * (n - 1) / 2);
+        assert_eq!(b.sum(), 0, "neighbouring slot untouched");
+        drop(a);
+        // Some slot is reused (maybe by a concurrent test); ours is zeroed.
+        let c = Slot::alloc();
+        assert_eq!(c.sum(), 0);
+    }
+}

@@ -1,0 +1,215 @@
+//! The kernel and glibc interfaces the rseq backend stands on: glibc's
+//! registered rseq area, and `membarrier` as the grace period.
+//!
+//! # The rseq area
+//!
+//! glibc (2.35 and later) registers one `struct rseq` per thread at thread
+//! creation and exports where it is: `__rseq_offset` (from the thread
+//! pointer, `%fs:0` on x86_64) and `__rseq_size` (0 when registration
+//! failed or was disabled, e.g. `GLIBC_TUNABLES=glibc.pthread.rseq=0`, or
+//! under valgrind). A thread may register only one area, so this crate
+//! never registers its own: it uses glibc's or none. The symbols are looked
+//! up with `dlsym(RTLD_DEFAULT, ..)` at run time rather than linked, so the
+//! crate still links against an older glibc or musl, which then get the
+//! portable backend.
+//!
+//! Fields used (the documented ABI, `linux/rseq.h`): `cpu_id` (u32 at 4,
+//! read only) and `rseq_cs` (u64 at 8, written by the fast path). The
+//! kernel owns every other field; nothing here writes them.
+//!
+//! # The grace period
+//!
+//! `membarrier(MEMBARRIER_CMD_PRIVATE_EXPEDITED_RSEQ)` interrupts every CPU
+//! that runs a thread of this process, restarting any rseq critical section
+//! there, and is a full memory barrier on each. After it returns, every
+//! per-CPU add either committed and is visible to the caller, or will
+//! restart and read the new mode. Threads that are not running are covered
+//! too: they restart when next scheduled, and a context switch is a full
+//! barrier. The process registers its intent once (the kernel refuses the
+//! command with `EPERM` otherwise). The registration belongs to the address
+//! space; a forked child inherits it (checked on Linux 6.18 and by
+//! `tests/rseq_fork.rs`), and should a kernel refuse the command in a child
+//! anyway, [`grace_period`] registers again and retries.
+//!
+//! # Detection
+//!
+//! [`available`] decides once per process: glibc's area is registered
+//! (`__rseq_size` >= 20 and this thread's `cpu_id` valid), and the kernel
+//! accepts the membarrier registration. Otherwise the whole process uses
+//! the sharded backend.
+
+use std::sync::atomic::{AtomicBool, AtomicIsize, AtomicU64, Ordering};
+use std::sync::OnceLock;
+
+/// Offset of `cpu_id` in `struct rseq`.
+pub(crate) const CPU_ID_OFFSET: usize = 4;
+/// Offset of `rseq_cs` in `struct rseq`.
+pub(crate) const RSEQ_CS_OFFSET: usize = 8;
+/// The smallest `__rseq_size` that covers the original 32-byte ABI's used
+/// part (`cpu_id_start`, `cpu_id`, `rseq_cs`, `flags`).
+const MIN_RSEQ_SIZE: u32 = 20;
+
+const MEMBARRIER_CMD_QUERY: libc::c_int = 0;
+const MEMBARRIER_CMD_PRIVATE_EXPEDITED_RSEQ: libc::c_int = 1 << 7;
+const MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED_RSEQ: libc::c_int = 1 << 8;
+
+/// `__rseq_offset`, valid once [`available`] returned true.
+static RSEQ_OFFSET: AtomicIsize = AtomicIsize::new(0);
+/// Set only by the instruction-counting hook: no membarrier, one thread.
+static FORCED: AtomicBool = AtomicBool::new(false);
+/// Fast-path attempts the kernel aborted (and that were retried).
+static ABORTS: AtomicU64 = AtomicU64::new(0);
+
+static AVAILABLE: OnceLock<bool> = OnceLock::new();
+
+/// Whether the rseq backend can run in this process (decided once).
+pub(crate) fn available() -> bool {
+    *AVAILABLE.get_or_init(detect)
+}
+
+/// glibc's `__rseq_offset`. Only meaningful once [`available`] is true.
+#[inline(always)]
+pub(crate) fn rseq_offset() -> isize {
+    RSEQ_OFFSET.load(Ordering::Relaxed)
+}
+
+fn detect() -> bool {
+    let Some((offset, size)) = glibc_rseq_area() else {
+        return false;
+    };
+    if size < MIN_RSEQ_SIZE || current_cpu_id(offset) < 0 {
+        return false;
+    }
+    if !membarrier_register() {
+        return false;
+    }
+    RSEQ_OFFSET.store(offset, Ordering::Relaxed);
+    true
+}
+
+/// `(__rseq_offset, __rseq_size)`, when this glibc exports them.
+fn glibc_rseq_area() -> Option<(isize, u32)> {
+    // SAFETY: dlsym with RTLD_DEFAULT and NUL-terminated names only looks
+    // symbols up; it returns null when they are absent.
+    let (off, size) = unsafe {
+        (
+            libc::dlsym(libc::RTLD_DEFAULT, c"__rseq_offset".as_ptr()),
+            libc::dlsym(libc::RTLD_DEFAULT, c"__rseq_size".as_ptr()),
+        )
+    };
+    if off.is_null() || size.is_null() {
+        return None;
+    }
+    // SAFETY: glibc defines `__rseq_offset` as a `const ptrdiff_t` and
+    // `__rseq_size` as a `const unsigned int`, initialised before any user
+    // code runs and never written afterwards.
+    unsafe { Some((*(off as *const isize), *(size as *const u32))) }
+}
+
+/// The thread pointer (`%fs:0`, which the x86_64 TLS ABI makes point to
+/// itself).
+fn thread_pointer() -> usize {
+    let tp: usize;
+    // SAFETY: reads the TCB self-pointer, which glibc sets for every thread.
+    unsafe {
+        std::arch::asm!("mov {}, qword ptr fs:[0]", out(reg) tp, options(nostack, readonly, preserves_flags));
+    }
+    tp
+}
+
+/// This thread's `rseq->cpu_id` (negative when not registered).
+fn current_cpu_id(offset: isize) -> i32 {
+    let p = thread_pointer().wrapping_add_signed(offset) + CPU_ID_OFFSET;
+    // SAFETY: glibc reserves the rseq area in every thread's TCB, at
+    // `__rseq_offset` from the thread pointer, whether or not registration
+    // succeeded; `cpu_id` is an aligned u32 that only the kernel writes, so
+    // a volatile read is the right access.
+    unsafe { std::ptr::read_volatile(p as *const i32) }
+}
+
+fn membarrier(cmd: libc::c_int) -> libc::c_long {
+    // SAFETY: membarrier takes (cmd, flags, cpu_id) integers and touches no
+    // user memory.
+    unsafe { libc::syscall(libc::SYS_membarrier, cmd, 0, 0) }
+}
+
+fn membarrier_register() -> bool {
+    let supported = membarrier(MEMBARRIER_CMD_QUERY);
+    let needed =
+        MEMBARRIER_CMD_PRIVATE_EXPEDITED_RSEQ | MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED_RSEQ;
+    supported >= 0
+        && supported & needed as libc::c_long == needed as libc::c_long
+        && membarrier(MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED_RSEQ) == 0
+}
+
+/// The grace period: on return, every fast-path add on any thread of this
+/// process either committed (and is visible here) or will restart.
+pub(crate) fn grace_period() {
+    if FORCED.load(Ordering::Relaxed) {
+        // One thread and no kernel rseq: nothing can be in flight.
+        return;
+    }
+    if membarrier(MEMBARRIER_CMD_PRIVATE_EXPEDITED_RSEQ) == 0 {
+        return;
+    }
+    // EPERM: this address space is not registered (a kernel that does not
+    // carry the registration over fork): register it and try again.
+    let first = std::io::Error::last_os_error();
+    if membarrier(MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED_RSEQ) == 0
+        && membarrier(MEMBARRIER_CMD_PRIVATE_EXPEDITED_RSEQ) == 0
+    {
+        return;
+    }
+    panic!(
+        "percpu_ref: membarrier(MEMBARRIER_CMD_PRIVATE_EXPEDITED_RSEQ) failed ({first}; \
+         after re-registering: {}): the rseq grace period cannot be waited out",
+        std::io::Error::last_os_error()
+    );
+}
+
+/// Records one aborted fast-path attempt (it is retried).
+#[cold]
+pub(crate) fn record_abort() {
+    ABORTS.fetch_add(1, Ordering::Relaxed);
+}
+
+/// How many rseq fast-path attempts the kernel aborted (preemption,
+/// migration, signal delivery, or a grace period) and that were retried,
+/// since the process started.
+///
+/// A diagnostic: it shows that the restart path is exercised. Always 0 on
+/// the sharded backend.
+///
+/// # Examples
+///
+/// ```
+/// let before = percpu_ref::percpu::rseq_aborts();
+/// // ... per-CPU traffic ...
+/// assert!(percpu_ref::percpu::rseq_aborts() >= before);
+/// ```
+pub fn rseq_aborts() -> u64 {
+    ABORTS.load(Ordering::Relaxed)
+}
+
+/// Makes the rseq backend run on a fake, never-registered area whose
+/// `cpu_id` is 0, so that valgrind (which disables rseq) executes exactly
+/// the fast path's instructions. Built only with
+/// `--cfg percpu_ref_callgrind`, for `scripts/callgrind-pair`.
+///
+/// # Safety
+///
+/// Must be called before anything chose a backend, and afterwards only the
+/// calling thread may use per-CPU refs, and no ref may switch modes while
+/// another thread could use it: nothing restarts a section any more.
+#[cfg(percpu_ref_callgrind)]
+#[doc(hidden)]
+pub unsafe fn force_fake_area_for_instruction_counting() {
+    let area: &'static mut [u64; 4] = Box::leak(Box::new([0u64; 4]));
+    let offset = (area.as_mut_ptr() as usize).wrapping_sub(thread_pointer()) as isize;
+    RSEQ_OFFSET.store(offset, Ordering::Relaxed);
+    FORCED.store(true, Ordering::Relaxed);
+    assert!(
+        AVAILABLE.set(true).is_ok(),
+        "force_fake_area_for_instruction_counting: the backend was already chosen"
+    );
+}

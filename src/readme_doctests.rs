@@ -1,0 +1,2 @@
+//! Runs the README's examples as doctests.
+#![doc = include_str!("../README.md")]

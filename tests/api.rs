@@ -1,0 +1,414 @@
+//! Every operation, flag and misuse of `PercpuRef`, single-threaded.
+
+use percpu_ref::{Error, InitFlags, PercpuRef};
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
+use std::sync::{Arc, Mutex};
+
+/// A ref whose release calls are counted.
+fn counted(flags: InitFlags) -> (PercpuRef, Arc<AtomicUsize>) {
+    let releases = Arc::new(AtomicUsize::new(0));
+    let r = {
+        let releases = releases.clone();
+        PercpuRef::with_flags(
+            move |_| {
+                releases.fetch_add(1, SeqCst);
+            },
+            flags,
+        )
+    };
+    (r, releases)
+}
+
+fn panic_message(f: impl FnOnce()) -> String {
+    let err = catch_unwind(AssertUnwindSafe(f)).expect_err("expected a panic");
+    err.downcast_ref::<String>()
+        .cloned()
+        .or_else(|| err.downcast_ref::<&str>().map(|s| s.to_string()))
+        .unwrap_or_default()
+}
+
+#[test]
+fn new_ref_is_percpu_alive_with_one_reference() {
+    let (r, rel) = counted(InitFlags::empty());
+    assert!(r.is_percpu());
+    assert!(!r.is_dying());
+    assert!(!r.is_zero());
+    assert_eq!(r.atomic_count(), None);
+    assert!(r.tryget() && r.tryget_live());
+    r.put();
+    r.put();
+    r.switch_to_atomic();
+    assert_eq!(r.atomic_count(), Some(1), "only the base reference is left");
+    assert_eq!(rel.load(SeqCst), 0);
+}
+
+#[test]
+fn kill_drops_the_base_reference_and_releases_once() {
+    let (r, rel) = counted(InitFlags::empty());
+    r.kill().unwrap();
+    assert_eq!(rel.load(SeqCst), 1);
+    assert!(r.is_zero() && r.is_dying() && !r.is_percpu());
+    assert!(!r.tryget());
+    assert!(!r.tryget_live());
+    assert_eq!(rel.load(SeqCst), 1, "failed trygets never release");
+}
+
+#[test]
+fn release_waits_for_the_last_put_in_any_mode() {
+    let (r, rel) = counted(InitFlags::empty());
+    r.get_many(3); // counted per CPU
+    r.kill().unwrap();
+    assert_eq!(
+        r.atomic_count(),
+        Some(3),
+        "the per-CPU counts were folded in exactly"
+    );
+    r.put();
+    r.put_many(1);
+    assert_eq!(rel.load(SeqCst), 0);
+    assert!(r.tryget(), "tryget works until the count is zero");
+    assert!(!r.tryget_live(), "tryget_live fails once dead");
+    r.put_many(2);
+    assert_eq!(rel.load(SeqCst), 1);
+    assert!(r.is_zero());
+}
+
+#[test]
+fn release_runs_after_confirm() {
+    let log = Arc::new(Mutex::new(Vec::new()));
+    let r = {
+        let log = log.clone();
+        PercpuRef::new(move |_| log.lock().unwrap().push("release"))
+    };
+    let l2 = log.clone();
+    r.kill_and_confirm(move |r| {
+        assert!(
+            !r.tryget_live(),
+            "no tryget_live succeeds once confirm runs"
+        );
+        assert!(r.is_dying());
+        l2.lock().unwrap().push("confirm");
+    })
+    .unwrap();
+    assert_eq!(*log.lock().unwrap(), ["confirm", "release"]);
+}
+
+#[test]
+fn confirm_may_use_the_ref_but_not_switch_it() {
+    let r = PercpuRef::new(|_| {});
+    r.kill_and_confirm(|r| {
+        // get/put/tryget from confirm must not deadlock.
+        assert!(r.tryget());
+        r.get();
+        r.put_many(2);
+    })
+    .unwrap();
+    let r = PercpuRef::with_flags(|_| {}, InitFlags::ALLOW_REINIT);
+    let msg = panic_message(|| r.switch_to_atomic_and_confirm(|r| r.switch_to_percpu().unwrap()));
+    assert!(
+        msg.contains("switch_to_percpu") && msg.contains("confirm"),
+        "{msg}"
+    );
+    // The failed re-entry left the ref usable.
+    r.switch_to_percpu().unwrap();
+    assert!(r.is_percpu());
+}
+
+#[test]
+fn release_may_call_back_into_the_ref() {
+    let reinits = Arc::new(AtomicUsize::new(0));
+    let r = {
+        let reinits = reinits.clone();
+        PercpuRef::with_flags(
+            move |r| {
+                // Recycle the ref from its own release, as a freelist would.
+                if reinits.fetch_add(1, SeqCst) == 0 {
+                    r.reinit().unwrap();
+                }
+            },
+            InitFlags::ALLOW_REINIT,
+        )
+    };
+    r.kill().unwrap();
+    assert_eq!(reinits.load(SeqCst), 1);
+    assert!(r.is_percpu() && !r.is_dying(), "revived by its release");
+    r.kill().unwrap();
+    assert_eq!(reinits.load(SeqCst), 2, "each lifecycle releases once");
+}
+
+#[test]
+fn init_atomic_is_sticky_and_allows_reinit() {
+    let (r, rel) = counted(InitFlags::INIT_ATOMIC);
+    assert!(!r.is_percpu());
+    assert_eq!(r.atomic_count(), Some(1));
+    r.get();
+    r.kill().unwrap();
+    r.resurrect().unwrap();
+    assert!(!r.is_percpu(), "force-atomic survives resurrect");
+    assert_eq!(r.atomic_count(), Some(2));
+    r.switch_to_percpu().unwrap();
+    assert!(r.is_percpu(), "INIT_ATOMIC implies ALLOW_REINIT");
+    r.put();
+    r.kill().unwrap();
+    assert_eq!(rel.load(SeqCst), 1);
+}
+
+#[test]
+fn init_dead_starts_zero_and_revives_to_percpu() {
+    let (r, rel) = counted(InitFlags::INIT_DEAD);
+    assert!(r.is_dying() && r.is_zero() && !r.is_percpu());
+    assert!(!r.tryget() && !r.tryget_live());
+    assert_eq!(
+        r.kill(),
+        Err(Error::AlreadyDead {
+            op: "kill_and_confirm"
+        })
+    );
+    r.reinit().unwrap();
+    assert!(
+        r.is_percpu() && !r.is_dying(),
+        "INIT_DEAD alone does not force atomic"
+    );
+    r.kill().unwrap();
+    assert_eq!(rel.load(SeqCst), 1);
+
+    let (r, _) = counted(InitFlags::INIT_DEAD | InitFlags::INIT_ATOMIC);
+    r.resurrect().unwrap();
+    assert!(!r.is_percpu() && r.tryget_live());
+    assert_eq!(r.atomic_count(), Some(2));
+}
+
+#[test]
+fn switch_round_trips_keep_counts_exact() {
+    let (r, rel) = counted(InitFlags::ALLOW_REINIT);
+    let mut held = 1u64;
+    for i in 0..50 {
+        r.get_many(i % 4);
+        held += (i % 4) as u64;
+        r.switch_to_atomic_sync();
+        assert_eq!(r.atomic_count(), Some(held));
+        r.get_many(2);
+        r.put();
+        held += 1;
+        r.switch_to_percpu().unwrap();
+        assert!(r.is_percpu());
+    }
+    r.switch_to_atomic();
+    assert_eq!(r.atomic_count(), Some(held));
+    r.put_many(held as usize - 1);
+    assert_eq!(rel.load(SeqCst), 0);
+    r.kill().unwrap();
+    assert_eq!(rel.load(SeqCst), 1);
+}
+
+#[test]
+fn switch_to_atomic_when_atomic_confirms_at_once() {
+    let r = PercpuRef::with_flags(|_| {}, InitFlags::INIT_ATOMIC);
+    let mut confirmed = false;
+    r.switch_to_atomic_and_confirm(|_| confirmed = true);
+    assert!(confirmed);
+    assert_eq!(
+        r.atomic_count(),
+        Some(1),
+        "no temporary reference left behind"
+    );
+}
+
+#[test]
+fn switch_to_percpu_while_dead_waits_for_revival() {
+    let (r, _) = counted(InitFlags::ALLOW_REINIT);
+    r.get();
+    r.switch_to_atomic();
+    r.kill().unwrap();
+    r.switch_to_percpu().unwrap();
+    assert!(!r.is_percpu(), "a dead ref stays atomic");
+    r.resurrect().unwrap();
+    assert!(
+        r.is_percpu(),
+        "force-atomic was cleared, so revival goes percpu"
+    );
+}
+
+#[test]
+fn double_kill_is_refused_and_changes_nothing() {
+    let (r, rel) = counted(InitFlags::empty());
+    r.get();
+    r.kill().unwrap();
+    let mut ran = false;
+    let err = r.kill_and_confirm(|_| ran = true).unwrap_err();
+    assert_eq!(
+        err,
+        Error::AlreadyDead {
+            op: "kill_and_confirm"
+        }
+    );
+    assert!(!ran, "confirm of a refused kill never runs");
+    assert_eq!(
+        r.atomic_count(),
+        Some(1),
+        "the base reference is not put twice"
+    );
+    assert_eq!(rel.load(SeqCst), 0);
+    assert!(err.to_string().contains("already dead"), "{err}");
+}
+
+#[test]
+fn resurrect_needs_a_dead_ref() {
+    let (r, _) = counted(InitFlags::ALLOW_REINIT);
+    let err = r.resurrect().unwrap_err();
+    assert_eq!(err, Error::NotDead { op: "resurrect" });
+    assert!(r.is_percpu());
+    assert!(err.to_string().contains("resurrect"));
+}
+
+#[test]
+fn reinit_needs_a_zero_count() {
+    let (r, _) = counted(InitFlags::ALLOW_REINIT);
+    assert_eq!(
+        r.reinit(),
+        Err(Error::NotZero {
+            op: "reinit",
+            count: None
+        })
+    );
+    r.get();
+    r.kill().unwrap();
+    let err = r.reinit().unwrap_err();
+    assert_eq!(
+        err,
+        Error::NotZero {
+            op: "reinit",
+            count: Some(1)
+        }
+    );
+    assert!(err.to_string().contains("count is 1"), "{err}");
+    assert!(r.is_dying(), "a refused reinit leaves the ref dead");
+    assert_eq!(r.atomic_count(), Some(1));
+    r.put();
+    r.reinit().unwrap();
+    assert!(r.is_percpu() && !r.is_dying());
+}
+
+#[test]
+fn going_percpu_needs_allow_reinit() {
+    let (r, _) = counted(InitFlags::empty());
+    r.switch_to_percpu().unwrap(); // already percpu: nothing to do
+    r.switch_to_atomic();
+    let err = r.switch_to_percpu().unwrap_err();
+    assert_eq!(
+        err,
+        Error::ReinitNotAllowed {
+            op: "switch_to_percpu"
+        }
+    );
+    assert!(err.to_string().contains("ALLOW_REINIT"));
+    assert!(!r.is_percpu());
+    r.get();
+    r.kill().unwrap();
+    // Forced atomic (by switch_to_atomic): revival stays atomic, so it is fine.
+    r.resurrect().unwrap();
+    assert!(!r.is_percpu() && !r.is_dying());
+    assert_eq!(r.atomic_count(), Some(2));
+
+    let (r, _) = counted(InitFlags::empty());
+    r.get();
+    r.kill().unwrap();
+    assert_eq!(
+        r.resurrect(),
+        Err(Error::ReinitNotAllowed { op: "resurrect" })
+    );
+    assert!(r.is_dying(), "a refused resurrect leaves the ref dead");
+    assert_eq!(r.atomic_count(), Some(1));
+}
+
+#[test]
+fn underflow_in_atomic_mode_panics_and_keeps_the_count() {
+    let (r, rel) = counted(InitFlags::INIT_ATOMIC);
+    r.get();
+    let msg = panic_message(|| r.put_many(3));
+    assert!(
+        msg.contains("put_many") && msg.contains("count at 2"),
+        "{msg}"
+    );
+    assert_eq!(r.atomic_count(), Some(2), "a refused put changes nothing");
+    r.put_many(2);
+    assert_eq!(
+        rel.load(SeqCst),
+        1,
+        "the correct puts still release exactly once"
+    );
+    let msg = panic_message(|| r.put());
+    assert!(msg.contains("count at 0"), "{msg}");
+    assert_eq!(rel.load(SeqCst), 1, "never released twice");
+}
+
+#[test]
+fn underflow_in_percpu_mode_is_found_at_the_switch() {
+    let (r, rel) = counted(InitFlags::empty());
+    r.put(); // the base reference, which only kill may drop
+    r.put(); // and one more: the true count is -1
+    let msg = panic_message(|| r.kill().unwrap());
+    assert!(msg.contains("underflow") && msg.contains("-1"), "{msg}");
+    assert_eq!(rel.load(SeqCst), 0, "an underflowed count never releases");
+    assert!(!r.tryget_live());
+}
+
+#[test]
+fn get_on_a_released_ref_panics() {
+    let (r, _) = counted(InitFlags::empty());
+    r.kill().unwrap();
+    let msg = panic_message(|| r.get());
+    assert!(
+        msg.contains("get_many(1)") && msg.contains("count is 0"),
+        "{msg}"
+    );
+    assert!(r.is_zero(), "the failed get changed nothing");
+}
+
+#[test]
+fn many_forms_and_zero_counts() {
+    let (r, rel) = counted(InitFlags::empty());
+    r.get_many(0);
+    r.put_many(0);
+    assert!(r.tryget_many(5));
+    r.kill().unwrap();
+    assert_eq!(r.atomic_count(), Some(5));
+    assert!(r.tryget_many(2));
+    r.put_many(7);
+    assert_eq!(rel.load(SeqCst), 1);
+    r.put_many(0);
+    r.get_many(0);
+    assert_eq!(
+        rel.load(SeqCst),
+        1,
+        "put_many(0) on a zero count is a no-op"
+    );
+    assert!(!r.tryget_many(3));
+    let msg = panic_message(|| r.get_many(usize::MAX));
+    assert!(
+        msg.contains("get_many") && msg.contains(&usize::MAX.to_string()),
+        "{msg}"
+    );
+}
+
+#[test]
+fn debug_shows_mode_and_count() {
+    let r = PercpuRef::with_flags(|_| {}, InitFlags::INIT_ATOMIC);
+    let s = format!("{r:?}");
+    assert!(s.contains("atomic") && s.contains("Some(1)"), "{s}");
+    assert!(format!("{:?}", PercpuRef::new(|_| {})).contains("percpu"));
+}
+
+#[test]
+fn storage_is_sized_by_possible_cpus() {
+    let r = PercpuRef::new(|_| {});
+    assert!(r.percpu_bytes() >= 8 * percpu_ref::possible_cpus());
+}
+
+#[test]
+fn is_send_and_sync() {
+    fn check<T: Send + Sync>() {}
+    check::<PercpuRef>();
+    check::<Error>();
+}

@@ -1,0 +1,362 @@
+//! The rseq backend under hostile scheduling: exact counts and one release
+//! while workers are migrated between CPUs, hammered with signals, and the
+//! ref is switched and killed under them.
+//!
+//! The same workload runs three more ways, each as a subprocess of this
+//! test binary: with glibc's rseq registration disabled through
+//! `GLIBC_TUNABLES=glibc.pthread.rseq=0` (the sharded fallback must be
+//! chosen and stay exact), pinned to CPU 1 (as `taskset -c 1`: one CPU
+//! whose id is not 0), and in a forked child.
+//!
+//! Sizes: 16 workers; 10^7 get+put operations each in release builds,
+//! 2 * 10^5 in debug builds (run `cargo test --release --test rseq_stress`
+//! for the full size).
+#![cfg(percpu_ref_rseq)]
+
+use percpu_ref::{backend, percpu::rseq_aborts, Backend, InitFlags, PercpuRef};
+use std::process::Command;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::SeqCst};
+use std::sync::{Arc, Barrier, Mutex};
+use std::time::Duration;
+
+const WORKERS: usize = 16;
+const OPS: u64 = if cfg!(debug_assertions) {
+    200_000
+} else {
+    10_000_000
+};
+/// Atomic<->percpu round trips made while the workers run, before the kill.
+const SWITCHES: usize = 200;
+
+/// Which backend this process must have chosen, set by the parent test for
+/// subprocess runs (rseq otherwise: the default on Linux x86_64).
+fn expected_backend() -> Backend {
+    match std::env::var("PERCPU_REF_STRESS_EXPECT").as_deref() {
+        Ok("sharded") => Backend::Sharded,
+        _ => Backend::Rseq,
+    }
+}
+
+extern "C" fn ignore_signal(_: libc::c_int) {}
+
+fn install_noop_handler() {
+    // SAFETY: a zeroed sigaction with a handler that does nothing, no flags
+    // but SA_RESTART, and an empty mask is valid for SIGUSR1.
+    unsafe {
+        let mut sa: libc::sigaction = std::mem::zeroed();
+        sa.sa_sigaction = ignore_signal as *const () as usize;
+        sa.sa_flags = libc::SA_RESTART;
+        libc::sigemptyset(&mut sa.sa_mask);
+        assert_eq!(libc::sigaction(libc::SIGUSR1, &sa, std::ptr::null_mut()), 0);
+    }
+}
+
+fn gettid() -> libc::pid_t {
+    // SAFETY: gettid has no preconditions.
+    unsafe { libc::gettid() }
+}
+
+fn allowed_cpus() -> Vec<usize> {
+    // SAFETY: a zeroed cpu_set_t is an empty set; sched_getaffinity fills it.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        assert_eq!(
+            libc::sched_getaffinity(0, std::mem::size_of_val(&set), &mut set),
+            0
+        );
+        (0..libc::CPU_SETSIZE as usize)
+            .filter(|&c| libc::CPU_ISSET(c, &set))
+            .collect()
+    }
+}
+
+fn pin(tid: libc::pid_t, cpu: usize) -> bool {
+    // SAFETY: as above; sched_setaffinity reads the set.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_SET(cpu, &mut set);
+        libc::sched_setaffinity(tid, std::mem::size_of_val(&set), &set) == 0
+    }
+}
+
+fn current_cpu() -> usize {
+    // SAFETY: sched_getcpu has no preconditions.
+    unsafe { libc::sched_getcpu() as usize }
+}
+
+struct Report {
+    aborts: u64,
+    signals: u64,
+    flips: u64,
+    cpus_seen: u64,
+}
+
+/// 16 workers each hold one reference and make `OPS` get/put operations
+/// (at least; pairs of get_many(k)/put_many(k), k in 1..=3) on one shared ref. Meanwhile
+/// a helper flips every worker between the allowed CPUs, another sends them
+/// SIGUSR1 (a no-op handler) in a storm, and the main thread switches the
+/// ref to atomic and back `SWITCHES` times and then kills it halfway.
+/// Checks: the count is exactly the workers' references after they stop,
+/// and release runs once, after every worker dropped its reference.
+fn stress() -> Report {
+    install_noop_handler();
+    let cpus = allowed_cpus();
+    if std::env::var_os("PERCPU_REF_STRESS_PIN").is_some() {
+        assert_eq!(cpus, [1], "the child runs under taskset -c 1");
+        assert_eq!(current_cpu(), 1);
+    }
+    let released = Arc::new(AtomicUsize::new(0));
+    let finished = Arc::new(AtomicUsize::new(0));
+    let released_early = Arc::new(AtomicBool::new(false));
+    let r = Arc::new({
+        let (released, finished, early) =
+            (released.clone(), finished.clone(), released_early.clone());
+        PercpuRef::with_flags(
+            move |_| {
+                if finished.load(SeqCst) != WORKERS {
+                    early.store(true, SeqCst);
+                }
+                released.fetch_add(1, SeqCst);
+            },
+            InitFlags::ALLOW_REINIT,
+        )
+    });
+    assert_eq!(r.backend(), expected_backend());
+    let aborts_before = rseq_aborts();
+    let progress = Arc::new(AtomicU64::new(0));
+    let killed = Arc::new(AtomicBool::new(false));
+    let stop_helpers = Arc::new(AtomicBool::new(false));
+    let threads: Arc<Mutex<Vec<(libc::pid_t, libc::pthread_t)>>> = Arc::default();
+    let cpus_seen = Arc::new(AtomicU64::new(0));
+    let loops_done = Arc::new(Barrier::new(WORKERS + 1));
+    let may_finish = Arc::new(Barrier::new(WORKERS + 1));
+    let workers: Vec<_> = (0..WORKERS)
+        .map(|w| {
+            let (r, progress, threads, cpus_seen) = (
+                r.clone(),
+                progress.clone(),
+                threads.clone(),
+                cpus_seen.clone(),
+            );
+            let (finished, loops_done, may_finish) =
+                (finished.clone(), loops_done.clone(), may_finish.clone());
+            let killed = killed.clone();
+            std::thread::spawn(move || {
+                // SAFETY: pthread_self has no preconditions.
+                threads
+                    .lock()
+                    .unwrap()
+                    .push((gettid(), unsafe { libc::pthread_self() }));
+                r.get(); // this worker's own reference
+                let mut k = w % 3 + 1;
+                let mut done = 0;
+                loop {
+                    r.get_many(k);
+                    r.put_many(k);
+                    done += 2;
+                    k = k % 3 + 1;
+                    if done % 65_536 == 0 {
+                        progress.fetch_add(65_536, SeqCst);
+                        cpus_seen.fetch_or(1 << (current_cpu() % 64), SeqCst);
+                        if done >= OPS && killed.load(SeqCst) {
+                            break;
+                        }
+                    }
+                }
+                loops_done.wait();
+                may_finish.wait();
+                finished.fetch_add(1, SeqCst);
+                r.put();
+            })
+        })
+        .collect();
+    while threads.lock().unwrap().len() < WORKERS {
+        std::thread::yield_now();
+    }
+    let flipper = {
+        let (threads, stop) = (threads.clone(), stop_helpers.clone());
+        let cpus = cpus.clone();
+        std::thread::spawn(move || {
+            let mut flips = 0u64;
+            while !stop.load(SeqCst) {
+                for (i, &(tid, _)) in threads.lock().unwrap().iter().enumerate() {
+                    let cpu = cpus[(i + flips as usize) % cpus.len()];
+                    // Fails harmlessly (ESRCH) once a worker has exited.
+                    pin(tid, cpu);
+                }
+                flips += 1;
+                std::thread::sleep(Duration::from_micros(200));
+            }
+            flips
+        })
+    };
+    let storm = {
+        let (threads, stop) = (threads.clone(), stop_helpers.clone());
+        std::thread::spawn(move || {
+            let mut signals = 0u64;
+            let list = threads.lock().unwrap().clone();
+            while !stop.load(SeqCst) {
+                for &(_, pt) in &list {
+                    // SAFETY: the workers are alive until they pass
+                    // `may_finish`, which is after `stop` is set and this
+                    // thread was joined.
+                    unsafe { libc::pthread_kill(pt, libc::SIGUSR1) };
+                    signals += 1;
+                }
+                std::thread::sleep(Duration::from_micros(20));
+            }
+            signals
+        })
+    };
+    // Switch back and forth while the workers run, then kill halfway.
+    let total = WORKERS as u64 * OPS;
+    for _ in 0..SWITCHES {
+        r.switch_to_atomic();
+        r.switch_to_percpu().unwrap();
+        std::thread::sleep(Duration::from_micros(100));
+    }
+    // Kill halfway, but on rseq not before the storm has aborted a section
+    // (in debug builds the section is a small part of each operation, so
+    // that can take longer than half the work).
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while progress.load(SeqCst) < total / 2
+        || (expected_backend() == Backend::Rseq
+            && rseq_aborts() == aborts_before
+            && std::time::Instant::now() < deadline)
+    {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    r.kill().unwrap();
+    killed.store(true, SeqCst);
+    assert!(!r.is_percpu() && r.is_dying());
+    loops_done.wait();
+    stop_helpers.store(true, SeqCst);
+    let flips = flipper.join().unwrap();
+    let signals = storm.join().unwrap();
+    assert_eq!(
+        r.atomic_count(),
+        Some(WORKERS as u64),
+        "every get was matched by a put: only the workers' own references remain"
+    );
+    assert_eq!(released.load(SeqCst), 0);
+    may_finish.wait();
+    for w in workers {
+        w.join().unwrap();
+    }
+    assert_eq!(released.load(SeqCst), 1, "release runs exactly once");
+    assert!(
+        !released_early.load(SeqCst),
+        "release ran before the last put"
+    );
+    assert!(r.is_zero());
+    Report {
+        aborts: rseq_aborts() - aborts_before,
+        signals,
+        flips,
+        cpus_seen: cpus_seen.load(SeqCst),
+    }
+}
+
+#[test]
+fn default_backend_is_rseq_unless_disabled() {
+    assert_eq!(backend(), expected_backend());
+    assert_eq!(
+        Backend::Rseq.is_available(),
+        expected_backend() == Backend::Rseq
+    );
+}
+
+#[test]
+fn exact_under_migration_signals_switches_and_kill() {
+    let rep = stress();
+    eprintln!(
+        "backend {}: {} signals, {} affinity flips, {} rseq aborts, cpus seen {:#b}",
+        backend(),
+        rep.signals,
+        rep.flips,
+        rep.aborts,
+        rep.cpus_seen
+    );
+    assert!(rep.signals > 0 && rep.flips > 0);
+    if expected_backend() == Backend::Rseq {
+        assert!(
+            rep.aborts > 0,
+            "the storm must have aborted some rseq sections"
+        );
+    } else {
+        assert_eq!(rep.aborts, 0, "no rseq section runs on the fallback");
+    }
+    if allowed_cpus().len() >= 2 {
+        assert!(rep.cpus_seen.count_ones() >= 2, "workers were migrated");
+    } else {
+        assert_eq!(rep.cpus_seen, 1 << allowed_cpus()[0]);
+    }
+}
+
+/// Runs this binary's `exact_under_migration...` and
+/// `default_backend...` tests in a subprocess with `env` set.
+fn run_child(wrapper: &[&str], env: &[(&str, &str)]) {
+    let exe = std::env::current_exe().unwrap();
+    let mut cmd = match wrapper.split_first() {
+        Some((prog, args)) => {
+            let mut c = Command::new(prog);
+            c.args(args).arg(exe);
+            c
+        }
+        None => Command::new(exe),
+    };
+    cmd.args(["--exact", "--test-threads=1", "--nocapture"])
+        .args([
+            "exact_under_migration_signals_switches_and_kill",
+            "default_backend_is_rseq_unless_disabled",
+        ])
+        .env_remove("PERCPU_REF_BACKEND");
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let out = cmd.output().unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(out.status.success(), "child with {env:?} failed:\n{text}");
+    assert!(
+        text.contains("2 passed"),
+        "child with {env:?} did not run both tests:\n{text}"
+    );
+    eprintln!("child with {env:?}:\n{text}");
+}
+
+#[test]
+fn fallback_when_glibc_rseq_is_disabled() {
+    if std::env::var_os("PERCPU_REF_STRESS_EXPECT").is_some() {
+        return; // already a child
+    }
+    run_child(
+        &[],
+        &[
+            ("GLIBC_TUNABLES", "glibc.pthread.rseq=0"),
+            ("PERCPU_REF_STRESS_EXPECT", "sharded"),
+        ],
+    );
+}
+
+#[test]
+fn pinned_to_cpu_1() {
+    if std::env::var_os("PERCPU_REF_STRESS_EXPECT").is_some() {
+        return; // already a child
+    }
+    if !allowed_cpus().contains(&1) {
+        eprintln!("skipped: CPU 1 is not available to this process");
+        return;
+    }
+    // `taskset -c 1` restricts the whole child, harness threads included.
+    run_child(
+        &["taskset", "-c", "1"],
+        &[
+            ("PERCPU_REF_STRESS_PIN", "1"),
+            ("PERCPU_REF_STRESS_EXPECT", "rseq"),
+        ],
+    );
+}
