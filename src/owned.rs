@@ -202,11 +202,16 @@ impl<T> Inner<T> {
     fn on_release(&self) {
         let mut s = sync::lock(&self.state);
         s.released = true;
-        if s.claimed {
+        // mutant owned_release_ignores_claim: drop `T` even when claimed.
+        if s.claimed && cfg!(not(percpu_ref_mutant = "owned_release_ignores_claim")) {
             self.released_cv.notify_all();
             return;
         }
         drop(s);
+        // mutant owned_release_keeps_value: never drop an unclaimed `T`.
+        if cfg!(percpu_ref_mutant = "owned_release_keeps_value") {
+            return;
+        }
         // SAFETY: the count is zero, so no `Ref` exists (invariant 1) and
         // none can be made (invariant 2: the owner side, the only reviver,
         // is gone since nobody claimed `T`). Nobody else drops `T`
@@ -619,7 +624,10 @@ impl<T> Owner<T> {
             unreachable!("owned::Owner::freeze: a live owner's ref was dead: {e}");
         }
         settle_owed();
-        if !inner.wait_released(deadline) {
+        // mutant owned_freeze_no_drain: hand out `&mut T` without draining.
+        let drained =
+            cfg!(percpu_ref_mutant = "owned_freeze_no_drain") || inner.wait_released(deadline);
+        if !drained {
             if self.undo_freeze() {
                 return Err(FreezeTimeout(()));
             }
