@@ -9,8 +9,9 @@
 //!     rseq->rseq_cs = &descriptor        // arms the section
 //! start:
 //!     cpu  = rseq->cpu_id
-//!     bad  = *mode | cpu                 // mode word loaded inside the section
-//!     if bad & (MODE_ATOMIC | sign) goto end   (not counted)
+//!     if cpu < 0 goto unregistered       (not counted)
+//!     mode = *mode_word                  // loaded inside the section
+//!     if mode & MODE_ATOMIC goto end     (not counted)
 //!     *(slot + (cpu << REGION_SHIFT)) += delta // the commit: one instruction
 //! end:                                   // post-commit
 //! ...
@@ -44,9 +45,11 @@ use std::arch::asm;
 
 /// Result bit: the kernel aborted the section; retry.
 const ABORTED: u32 = 1 << 30;
-/// Result bits that mean "not counted": `MODE_ATOMIC`, a negative `cpu_id`,
-/// or an abort.
-const NOT_COUNTED: u32 = super::MODE_ATOMIC as u32 | (1 << 31) | ABORTED;
+/// Result bit: this thread has no registered rseq area (`cpu_id` < 0).
+const UNREGISTERED: u32 = 1 << 31;
+/// Result bits that mean "not counted": `MODE_ATOMIC`, an unregistered
+/// thread, or an abort.
+const NOT_COUNTED: u32 = super::MODE_ATOMIC as u32 | UNREGISTERED | ABORTED;
 
 pub(crate) struct RseqCounters {
     slot: Slot,
@@ -78,8 +81,13 @@ impl RseqCounters {
         r & NOT_COUNTED == 0
     }
 
-    /// Runs the critical section once; returns `mode | cpu_id` as loaded in
-    /// it, or [`ABORTED`].
+    /// Runs the critical section once; returns the mode word as loaded in
+    /// it (counted when `MODE_ATOMIC` is clear), [`UNREGISTERED`] or
+    /// [`ABORTED`].
+    ///
+    /// `cpu_id` and the mode are tested separately: or-ing them into one
+    /// word (one instruction less) would read CPU 1's id as `MODE_ATOMIC`
+    /// and send every operation on odd CPUs to the atomic path.
     #[inline(always)]
     fn section(&self, mode: &AtomicUsize, delta: u64) -> u32 {
         let result: u32;
@@ -101,9 +109,10 @@ impl RseqCounters {
                 "mov qword ptr fs:[{off} + {cs}], {tmp}",
                 "4:",
                 "mov {tmp:e}, dword ptr fs:[{off} + {cpu_id}]",
+                "test {tmp:e}, {tmp:e}",
+                "js 7f",
                 "mov {res:e}, dword ptr [{mode}]",
-                "or {res:e}, {tmp:e}",
-                "test {res:e}, {fail}",
+                "test {res:e}, {atomic}",
                 "jnz 5f",
                 "shl {tmp}, {shift}",
                 "add qword ptr [{slot} + {tmp}], {delta}",
@@ -115,6 +124,9 @@ impl RseqCounters {
                 ".quad 4b, 5b - 4b, 6f",
                 ".popsection",
                 ".pushsection .text.unlikely.percpu_ref_rseq_abort, \"ax\"",
+                "7:",
+                "mov {res:e}, {unregistered}",
+                "jmp 5b",
                 ".byte 0x0f, 0xb9, 0x3d",
                 ".long 0x53053053",
                 "6:",
@@ -130,7 +142,8 @@ impl RseqCounters {
                 cs = const RSEQ_CS_OFFSET,
                 cpu_id = const CPU_ID_OFFSET,
                 shift = const REGION_SHIFT,
-                fail = const super::MODE_ATOMIC as u32 | (1 << 31),
+                atomic = const super::MODE_ATOMIC as u32,
+                unregistered = const UNREGISTERED,
                 aborted = const ABORTED,
                 options(nostack),
             );
@@ -149,5 +162,64 @@ impl RseqCounters {
 
     pub(crate) fn storage_bytes(&self) -> usize {
         8 * super::possible_cpus()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The fast path must count on every CPU this process may use, not
+    /// just fall back to the (correct but slow) atomic path somewhere.
+    #[test]
+    fn counts_per_cpu_on_every_allowed_cpu() {
+        if !rseq_abi::available() {
+            eprintln!("skipped: rseq not available");
+            return;
+        }
+        let cpus: Vec<usize> = std::thread::spawn(|| {
+            // SAFETY: cpu_set_t is plain data; sched_getaffinity fills it.
+            let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+            // SAFETY: a valid set of the size passed; 0 = this thread.
+            let ok = unsafe {
+                libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set)
+            } == 0;
+            assert!(ok, "sched_getaffinity failed");
+            // SAFETY: CPU_ISSET reads the set with an index below its size.
+            (0..libc::CPU_SETSIZE as usize)
+                .filter(|&c| unsafe { libc::CPU_ISSET(c, &set) })
+                .collect()
+        })
+        .join()
+        .unwrap();
+        for cpu in cpus {
+            std::thread::spawn(move || {
+                // SAFETY: as above; sched_setaffinity(0, ..) pins this thread.
+                unsafe {
+                    let mut set: libc::cpu_set_t = std::mem::zeroed();
+                    libc::CPU_SET(cpu, &mut set);
+                    assert_eq!(
+                        libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set),
+                        0
+                    );
+                }
+                let c = RseqCounters::new();
+                let percpu = AtomicUsize::new(0);
+                for _ in 0..1000 {
+                    assert!(
+                        c.try_add(&percpu, 1),
+                        "the fast path refused to count on CPU {cpu}"
+                    );
+                }
+                let atomic = AtomicUsize::new(super::super::MODE_ATOMIC);
+                assert!(
+                    !c.try_add(&atomic, 1),
+                    "counted in atomic mode on CPU {cpu}"
+                );
+                assert_eq!(c.seal_and_sum(), 1000);
+            })
+            .join()
+            .unwrap();
+        }
     }
 }
