@@ -46,7 +46,7 @@ fn run_threads(threads: usize, iters: u64, op: impl Fn() + Sync) -> Duration {
             s.spawn(|| {
                 barrier.wait();
                 for _ in 0..iters {
-                    (&op)();
+                    op();
                 }
                 barrier.wait();
             });

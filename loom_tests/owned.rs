@@ -49,7 +49,9 @@ impl Checked {
     /// Writes both halves (`&mut self`: callers need exclusive access).
     fn bump(&mut self) {
         let v = self.read() + 1;
+        // SAFETY: `&mut self`; loom reports any access racing this write.
         self.a.with_mut(|p| unsafe { *p = v });
+        // SAFETY: as above.
         self.b.with_mut(|p| unsafe { *p = !v });
     }
 }
@@ -133,12 +135,11 @@ fn freeze_races_tryget_live() {
         let (v, d) = Checked::new(10);
         let mut owner = Owner::new(v);
         let weak = owner.downgrade();
-        let t = thread::spawn(move || match weak.tryget_live() {
-            Some(r) => {
+        let t = thread::spawn(move || {
+            if let Some(r) = weak.tryget_live() {
                 let x = r.read();
                 assert!(x == 10 || x == 11, "saw {x}");
             }
-            None => {}
         });
         owner.freeze().bump();
         assert_eq!(owner.read(), 11);

@@ -58,6 +58,26 @@
 //! period) and portable cache-padded shards sealed by the switcher. The
 //! process picks one at first use; [`backend()`] says which.
 //!
+//! # Layers
+//!
+//! - [`PercpuRef`]: the kernel's counter, method for method (table above).
+//! - [`owned`]: an owning RAII layer — [`Owner`], [`Ref`], [`Weak`],
+//!   [`Killed`], [`Frozen`] — in which the type system does the counting:
+//!   hot shared objects, lookup tables with `tryget_live`, and the block
+//!   layer's freeze/unfreeze, with no `unsafe` for the user.
+//! - [`css`]: the cgroup `cgroup_subsys_state` lifecycle that `percpu_ref`
+//!   was built for (mkdir, rmdir, kill, offline, release, free), modelled on
+//!   `PercpuRef`.
+//!
+//! # Performance
+//!
+//! On a 2-vCPU x86_64 VM with the rseq backend, a get+put pair costs
+//! 1.5 ns on one thread and stays 1.5 ns per thread on two, where an
+//! `AtomicUsize` pair goes from 9.4 ns to 27 ns; a kill costs one
+//! `membarrier` (0.3 µs alone, about 10 µs when another CPU is running one
+//! of the process's threads). Each ref costs 8 bytes per possible CPU plus
+//! 72 bytes. The README has the tables and the commands that measure them.
+//!
 //! # Limitations
 //!
 //! - Switches are synchronous: `kill` and `switch_to_atomic` return after

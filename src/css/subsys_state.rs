@@ -542,19 +542,14 @@ fn css_killed_work_fn(mut p: CssPtr) {
         if cfg!(percpu_ref_mutant = "css_no_online_cnt") {
             return;
         }
-        match parent {
-            // SAFETY: the child we just offlined pins its parent until it is
-            // freed, and frees run under cgroup_mutex, which we hold.
-            Some(pp)
-                if unsafe { pp.get() }
-                    .online_cnt
-                    .fetch_sub(1, Ordering::AcqRel)
-                    == 1 =>
-            {
-                p = pp
-            }
-            _ => return,
+        let Some(pp) = parent else { return };
+        // SAFETY: the child we just offlined pins its parent until it is
+        // freed, and frees run under cgroup_mutex, which we hold.
+        let parent_css = unsafe { pp.get() };
+        if parent_css.online_cnt.fetch_sub(1, Ordering::AcqRel) != 1 {
+            return;
         }
+        p = pp;
     }
 }
 
