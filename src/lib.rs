@@ -73,7 +73,7 @@
 //!
 //! On a 2-vCPU x86_64 VM with the rseq backend, a get+put pair costs
 //! 1.5 ns on one thread and stays 1.5 ns per thread on two, where an
-//! `AtomicUsize` pair goes from 9.4 ns to 27 ns; a kill costs one
+//! `AtomicUsize` pair goes from 9.3 ns to 29 ns; a kill costs one
 //! `membarrier` (0.3 µs alone, about 10 µs when another CPU is running one
 //! of the process's threads). Each ref costs 8 bytes per possible CPU plus
 //! 72 bytes. The README has the tables and the commands that measure them.
