@@ -179,7 +179,7 @@ impl Pages {
     pub fn charge(&mut self, css: &Css, n: usize) {
         css.get_raw(n);
         let p = CssPtr::from_raw(css as *const Css as *mut Css).expect("a reference is never null");
-        self.owners.extend(std::iter::repeat(p).take(n));
+        self.owners.extend(std::iter::repeat_n(p, n));
     }
 
     /// Charges `n` pages to `task`'s css of subsystem `ssid` (the page
