@@ -105,21 +105,17 @@ impl AtomicCount {
         }
     }
 
-    /// Folds the per-CPU `sum` into a biased counter; returns the new value.
-    pub(crate) fn fold_percpu_sum(&self, sum: u64) -> u64 {
+    /// Folds the per-CPU `sum` into a biased counter; returns the new value
+    /// read as a signed true count (negative means an underflow).
+    pub(crate) fn fold_percpu_sum(&self, sum: u64) -> i64 {
         let delta = sum.wrapping_sub(BIAS);
         self.value
             .fetch_add(delta, Ordering::AcqRel)
-            .wrapping_add(delta)
+            .wrapping_add(delta) as i64
     }
 
     /// Adds the bias before per-CPU counting resumes.
     pub(crate) fn add_bias(&self) {
         self.value.fetch_add(BIAS, Ordering::Relaxed);
     }
-}
-
-/// A counter value as a signed true count (meaningful once unbiased).
-pub(crate) fn signed(v: u64) -> i64 {
-    v as i64
 }

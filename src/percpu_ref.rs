@@ -36,7 +36,7 @@
 //! Calling a switch operation from inside `confirm` on the same ref would
 //! deadlock; it panics with a message instead.
 
-use crate::atomic_mode::{signed, AtomicCount, PutOutcome, BIAS, MAX_COUNT};
+use crate::atomic_mode::{AtomicCount, PutOutcome, BIAS, MAX_COUNT};
 use crate::flags::{Error, InitFlags};
 use crate::percpu::{backend, Backend, Counters, MODE_ATOMIC, MODE_DEAD};
 use crate::sync::{self, AtomicUsize, Mutex, MutexGuard, Ordering};
@@ -584,7 +584,7 @@ impl PercpuRef {
         self.mode.store(mode | MODE_ATOMIC, Ordering::Release);
         self.count.add(1);
         let sum = self.counters.seal_and_sum();
-        let folded = signed(self.count.fold_percpu_sum(sum));
+        let folded = self.count.fold_percpu_sum(sum);
         // `folded` includes the temporary reference: a correct count is >= 1.
         #[cfg(not(percpu_ref_mutant = "underflow_off_by_one"))]
         let underflow = (folded < 1).then_some(folded - 1);
