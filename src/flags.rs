@@ -119,6 +119,31 @@ pub enum Error {
     },
     /// The requested per-CPU backend cannot run in this process.
     BackendUnavailable(Backend),
+    /// Going back to percpu mode on a ref whose count is zero: it was
+    /// released, and stays released until [`reinit`](crate::PercpuRef::reinit).
+    Released {
+        /// The operation that was refused.
+        op: &'static str,
+    },
+    /// The count under- or overflowed earlier (the switch to atomic mode
+    /// that found it panicked): the ref stays in atomic mode and never
+    /// releases.
+    Miscounted {
+        /// The operation that was refused.
+        op: &'static str,
+        /// The counter's raw value, out of the true count's range.
+        count: u64,
+    },
+    /// The kernel refused the grace period a switch to atomic mode needs
+    /// (`membarrier(MEMBARRIER_CMD_PRIVATE_EXPEDITED_RSEQ)`, for example
+    /// blocked by a seccomp filter): the switch was undone before anything
+    /// was counted twice or lost, and the ref is as it was.
+    GracePeriodFailed {
+        /// The operation that was refused.
+        op: &'static str,
+        /// The OS error number the kernel returned.
+        errno: i32,
+    },
 }
 
 impl fmt::Display for Error {
@@ -145,6 +170,23 @@ impl fmt::Display for Error {
                 f,
                 "percpu_ref::{op}: the ref was made without ALLOW_REINIT, so it cannot go back \
                  to percpu mode after a switch to atomic mode"
+            ),
+            Error::Released { op } => write!(
+                f,
+                "percpu_ref::{op}: the count is zero (the ref was released); \
+                 reinit it before going back to percpu mode"
+            ),
+            Error::Miscounted { op, count } => write!(
+                f,
+                "percpu_ref::{op}: the count under- or overflowed earlier (counter {count:#x}); \
+                 the ref stays atomic and never releases"
+            ),
+            Error::GracePeriodFailed { op, errno } => write!(
+                f,
+                "percpu_ref::{op}: the kernel refused the grace period \
+                 (membarrier PRIVATE_EXPEDITED_RSEQ: {}); the switch was undone and the ref \
+                 is unchanged",
+                std::io::Error::from_raw_os_error(*errno)
             ),
             Error::BackendUnavailable(b) => {
                 write!(

@@ -157,8 +157,15 @@
 //!
 //! # Caveats
 //!
-//! - If `T`'s `Drop` panics inside `release`, the block leaks (as with
-//!   `Arc`).
+//! - If `T`'s `Drop` panics (inside `release` or when a [`Killed`] is
+//!   dropped), the panic propagates to the thread that dropped the last
+//!   reference, `T` counts as dropped, and the block is still freed with
+//!   its last unit (`Arc` leaks it).
+//! - If the kernel refuses the grace period a kill needs (a seccomp filter
+//!   that blocks `membarrier`, on the rseq backend), [`Owner::kill`] and
+//!   [`Owner::freeze`] panic and dropping an [`Owner`] leaks the object:
+//!   the kill is undone, so every reference stays valid, but `T` is never
+//!   dropped.
 //! - Leaking a [`Frozen`] guard (`mem::forget`) leaves the object frozen
 //!   for good: [`Owner::get`] then panics, lookups fail, and `T` is dropped
 //!   with the owner.
@@ -303,19 +310,32 @@ fn release_callback(e: Erased) -> impl Fn(&PercpuRef) + Send + Sync + 'static {
 }
 
 /// `release` for an `Inner<T>`: drop or hand over `T`, and owe the percpu
-/// count's allocation unit.
+/// count's allocation unit (also when `T`'s `Drop` panics: the unit is owed
+/// while unwinding, and the wrapper pays it on its way out).
 ///
 /// # Safety
 ///
 /// `ptr` is a live `Inner<T>` whose percpu count just reached zero.
 unsafe fn release<T>(ptr: *const ()) {
+    let _owe = OnDrop(|| {
+        owe_unit(Erased {
+            ptr,
+            func: drop_unit::<T>,
+        })
+    });
     // SAFETY: the percpu count's unit keeps the block alive until it is paid.
     let inner = unsafe { &*ptr.cast::<Inner<T>>() };
     inner.on_release();
-    owe_unit(Erased {
-        ptr,
-        func: drop_unit::<T>,
-    });
+}
+
+/// Runs its closure when dropped, so that a step also happens while
+/// unwinding from a user callback (`T`'s `Drop`) that panicked.
+struct OnDrop<F: FnMut()>(F);
+
+impl<F: FnMut()> Drop for OnDrop<F> {
+    fn drop(&mut self) {
+        (self.0)()
+    }
 }
 
 /// Drops one allocation unit of an `Inner<T>`; the last one frees it.
@@ -359,11 +379,21 @@ fn owe_unit(u: Erased) {
 }
 
 /// Pays the unit a `release` during the last `PercpuRef` call owed, if any.
+/// Called through [`settle_guard`] around every `PercpuRef` call that may
+/// release, so that it also runs when `release` panicked.
 #[inline]
 fn settle_owed() {
     if let Some(u) = OWED.with(Cell::take) {
         settle_owed_slow(u);
     }
+}
+
+/// Settles owed units when dropped: hold it across a `PercpuRef` call that
+/// may release. Unwinding out of that call has ended every borrow of the
+/// block by then, so paying the unit (which may free it) is sound.
+#[inline(always)]
+fn settle_guard() -> OnDrop<fn()> {
+    OnDrop(settle_owed as fn())
 }
 
 #[cold]
@@ -425,9 +455,9 @@ unsafe fn inner<'a, T>(p: NonNull<Inner<T>>) -> &'a Inner<T> {
 /// The caller holds one percpu reference on `p` and gives it up.
 #[inline(always)]
 unsafe fn put_ref<T>(p: NonNull<Inner<T>>) {
+    let _settle = settle_guard();
     // SAFETY: our reference keeps the count, hence the block, alive.
     unsafe { (*p.as_ptr()).pref.put() };
-    settle_owed();
 }
 
 // ----- Owner ----------------------------------------------------------------
@@ -531,26 +561,47 @@ impl<T> Owner<T> {
     /// drop(r);
     /// assert_eq!(killed.try_take().unwrap(), "x");
     /// ```
+    ///
+    /// # Panics
+    ///
+    /// If the kernel refused the grace period
+    /// ([`Error::GracePeriodFailed`](crate::Error::GracePeriodFailed)): the
+    /// kill was undone, and the object stays alive for good (leaked, never
+    /// dropped), so existing references stay valid.
     pub fn kill(self) -> Killed<T> {
         let mut this = ManuallyDrop::new(self);
-        this.kill_in_place()
+        match this.kill_in_place() {
+            Ok(k) => k,
+            Err(e) => panic!("owned::Owner::kill: {e}; the object is leaked"),
+        }
     }
 
     /// Kills and turns the owner's unit into the `Killed`'s; the caller must
-    /// not use `self` afterwards.
-    fn kill_in_place(&mut self) -> Killed<T> {
+    /// not use `self` afterwards unless this fails (then nothing changed).
+    fn kill_in_place(&mut self) -> Result<Killed<T>, Error> {
         if !self.frozen {
-            let inner = self.inner();
-            sync::lock(&inner.state).claimed = true;
-            if let Err(e) = inner.pref.kill() {
-                unreachable!("owned::Owner::kill: a live owner's ref was dead: {e}");
-            }
-            settle_owed();
+            self.kill_claimed("owned::Owner::kill")?;
         }
         // Frozen for good: already dead, released and claimed.
-        Killed {
+        Ok(Killed {
             inner: self.inner,
             _owns: PhantomData,
+        })
+    }
+
+    /// Claims `T` and kills the ref; on a refused grace period the claim is
+    /// undone and the ref is as it was.
+    fn kill_claimed(&self, op: &str) -> Result<(), Error> {
+        let inner = self.inner();
+        sync::lock(&inner.state).claimed = true;
+        let _settle = settle_guard();
+        match inner.pref.kill() {
+            Ok(()) => Ok(()),
+            Err(e @ Error::GracePeriodFailed { .. }) => {
+                sync::lock(&inner.state).claimed = false;
+                Err(e)
+            }
+            Err(e) => unreachable!("{op}: a live owner's ref was dead: {e}"),
         }
     }
 
@@ -618,12 +669,10 @@ impl<T> Owner<T> {
                 "owned::Owner::freeze: the owner is frozen for good (a Frozen guard was leaked)"
             );
         }
-        let inner = self.inner();
-        sync::lock(&inner.state).claimed = true;
-        if let Err(e) = inner.pref.kill() {
-            unreachable!("owned::Owner::freeze: a live owner's ref was dead: {e}");
+        if let Err(e) = self.kill_claimed("owned::Owner::freeze") {
+            panic!("owned::Owner::freeze: {e}");
         }
-        settle_owed();
+        let inner = self.inner();
         // mutant owned_freeze_no_drain: hand out `&mut T` without draining.
         let drained =
             cfg!(percpu_ref_mutant = "owned_freeze_no_drain") || inner.wait_released(deadline);
@@ -653,6 +702,7 @@ impl<T> Owner<T> {
         }
         sync::lock(&inner.state).claimed = false;
         // The base reference is back, so this put is never the last.
+        let _settle = settle_guard();
         inner.pref.put();
         true
     }
@@ -687,8 +737,13 @@ impl<T> Deref for Owner<T> {
 }
 
 impl<T> Drop for Owner<T> {
+    /// Kills, as `drop(owner.kill())`. If the kernel refuses the grace
+    /// period the object is leaked instead (never dropped, references stay
+    /// valid): a drop does not panic.
     fn drop(&mut self) {
-        drop(self.kill_in_place());
+        if let Ok(killed) = self.kill_in_place() {
+            drop(killed);
+        }
     }
 }
 
@@ -992,6 +1047,10 @@ impl<T> Killed<T> {
 
 impl<T> Drop for Killed<T> {
     fn drop(&mut self) {
+        let ptr = self.inner.as_ptr().cast_const().cast();
+        // SAFETY: a `Killed` holds the owner side's unit and is going away;
+        // dropped last, also if `T`'s `Drop` panics.
+        let _unit = OnDrop(|| unsafe { drop_unit::<T>(ptr) });
         let inner = self.inner();
         let mut s = sync::lock(&inner.state);
         if s.released {
@@ -1002,8 +1061,6 @@ impl<T> Drop for Killed<T> {
             // `release` has not run: it will drop `T` itself.
             s.claimed = false;
         }
-        // SAFETY: a `Killed` holds the owner side's unit and is going away.
-        unsafe { drop_unit::<T>(self.inner.as_ptr().cast_const().cast()) }
     }
 }
 

@@ -12,9 +12,13 @@
 //!   CPU's counter *only if the ref is still in percpu mode*, atomically
 //!   with respect to a switch. `false` means nothing was counted and the
 //!   caller must take the atomic path.
-//! - `seal_and_sum() -> u64`: called by the switcher after
+//! - `seal_and_sum() -> io::Result<u64>`: called by the switcher after
 //!   it set `MODE_ATOMIC`. Returns, with the wrapping sum of all counters,
-//!   once no further `try_add` can be counted (the grace period).
+//!   once no further `try_add` can be counted (the grace period). An error
+//!   (the rseq backend's `membarrier` refused) means nothing was sealed:
+//!   every counter still counts, and the switcher undoes the switch.
+//! - `new(atomic)`: counters for a ref starting in percpu mode (all zero),
+//!   or in atomic mode (sealed, as `seal_and_sum` leaves them).
 //! - `reset()`: zero every counter. Called with the switch
 //!   lock held while the mode is atomic and sealed, just before the mode
 //!   word is cleared with a release store.
@@ -63,6 +67,14 @@ pub use rseq_abi::rseq_aborts;
 pub(crate) const MODE_ATOMIC: usize = 1;
 /// Mode bit: the ref was killed (always set together with `MODE_ATOMIC`).
 pub(crate) const MODE_DEAD: usize = 2;
+/// `_many` operations on at least this many references take the atomic
+/// path even in percpu mode. Per-CPU deltas therefore stay below 2^16 in
+/// magnitude, which bounds how far one operation (or every thread racing
+/// at once) can move a counter: the sharded backend's seal test relies on
+/// it, and an overflow by a large `n` is caught by the call that makes it.
+/// Below the limit the per-CPU path is taken as usual (`get`/`put` test
+/// the constant 1 against it, which compiles away).
+pub(crate) const PERCPU_N_LIMIT: u64 = 1 << 16;
 
 /// Which per-CPU counter implementation a ref uses.
 ///
@@ -176,10 +188,12 @@ pub(crate) enum Counters {
 }
 
 impl Counters {
-    /// Counters for one ref, all zero, on `backend` (which must be available).
-    pub(crate) fn new(backend: Backend) -> Self {
+    /// Counters for one ref, all zero, on `backend` (which must be
+    /// available); `atomic` for a ref that starts in atomic mode (its
+    /// counters start sealed, as after a switch to atomic mode).
+    pub(crate) fn new(backend: Backend, atomic: bool) -> Self {
         match backend {
-            Backend::Sharded => Counters::Sharded(sharded::Shards::new()),
+            Backend::Sharded => Counters::Sharded(sharded::Shards::new(atomic)),
             #[cfg(loom)]
             Backend::Rseq => Counters::Model(model::ModelCpus::new()),
             #[cfg(percpu_ref_rseq)]
@@ -212,14 +226,15 @@ impl Counters {
         }
     }
 
-    /// Waits until no `try_add` can count any more; returns the sum.
-    pub(crate) fn seal_and_sum(&self) -> u64 {
+    /// Waits until no `try_add` can count any more; returns the sum. On an
+    /// error nothing was sealed.
+    pub(crate) fn seal_and_sum(&self) -> std::io::Result<u64> {
         match self {
             #[cfg(percpu_ref_rseq)]
             Counters::Rseq(r) => r.seal_and_sum(),
-            Counters::Sharded(s) => s.seal_and_sum(),
+            Counters::Sharded(s) => Ok(s.seal_and_sum()),
             #[cfg(loom)]
-            Counters::Model(s) => s.seal_and_sum(),
+            Counters::Model(s) => Ok(s.seal_and_sum()),
         }
     }
 

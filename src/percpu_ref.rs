@@ -26,6 +26,24 @@
 //! Kill = set `DEAD`, switch to atomic with the caller's confirm, put the
 //! base reference. After the confirm, every `tryget_live` reads `DEAD`.
 //!
+//! # What cannot go wrong half-way
+//!
+//! - A `confirm` that panics does not stop the switch: the panic is caught,
+//!   the switch finishes (fold, base and temporary references put, release
+//!   if due), and the panic is then resumed on the caller.
+//! - A grace period that the kernel refuses (`membarrier` blocked by a
+//!   seccomp filter installed after detection) undoes the switch before
+//!   anything was summed: the mode word and the counter go back to what
+//!   they were, and the caller gets [`Error::GracePeriodFailed`]. Operations
+//!   that saw the transient atomic mode counted on the biased atomic
+//!   counter, which is exact in either mode.
+//! - `_many` operations with `n >= PERCPU_N_LIMIT` take the atomic path even
+//!   in percpu mode, so one call can never push a per-CPU counter, or the
+//!   sharded backend's seal, out of its range, and an overflow is caught
+//!   at the call that makes it.
+//! - A released ref stays released: going back to percpu mode adds the
+//!   bias only to a non-zero count, in one compare-and-swap.
+//!
 //! # Locking
 //!
 //! Switches, kills and revivals of one ref are serialised by its switch
@@ -36,11 +54,13 @@
 //! Calling a switch operation from inside `confirm` on the same ref would
 //! deadlock; it panics with a message instead.
 
-use crate::atomic_mode::{AtomicCount, PutOutcome, BIAS, MAX_COUNT};
+use crate::atomic_mode::{AddOutcome, AtomicCount, Fold, PutOutcome, BIAS, MAX_COUNT};
 use crate::flags::{Error, InitFlags};
-use crate::percpu::{backend, Backend, Counters, MODE_ATOMIC, MODE_DEAD};
+use crate::percpu::{backend, Backend, Counters, MODE_ATOMIC, MODE_DEAD, PERCPU_N_LIMIT};
 use crate::sync::{self, AtomicUsize, Mutex, MutexGuard, Ordering};
+use std::any::Any;
 use std::fmt;
+use std::panic::{catch_unwind, resume_unwind, AssertUnwindSafe};
 
 type ReleaseFn = Box<dyn Fn(&PercpuRef) + Send + Sync + 'static>;
 
@@ -112,8 +132,10 @@ struct AtomicSwitch {
     /// The temporary reference taken in step 2 (absent when the ref was
     /// already atomic), still to be put.
     temp_ref: bool,
-    /// The true count, when the fold found it negative (an underflow).
-    underflow: Option<i64>,
+    /// Misuse the fold found (an underflow or overflow), as a message.
+    miscount: Option<String>,
+    /// What `confirm` panicked with, to be resumed once the switch is done.
+    confirm_panic: Option<Box<dyn Any + Send>>,
 }
 
 /// The outcome of puts made under the switch lock, acted on after unlock.
@@ -122,6 +144,7 @@ struct AtomicSwitch {
 struct Deferred {
     release: bool,
     panic: Option<String>,
+    confirm_panic: Option<Box<dyn Any + Send>>,
 }
 
 impl PercpuRef {
@@ -185,7 +208,7 @@ impl PercpuRef {
         let count = if atomic { base } else { BIAS + base };
         Ok(PercpuRef {
             mode: AtomicUsize::new(mode),
-            counters: Counters::new(backend),
+            counters: Counters::new(backend, atomic),
             count: AtomicCount::new(count),
             switch: Mutex::new(SwitchState {
                 force_atomic: flags.contains(InitFlags::INIT_ATOMIC),
@@ -203,7 +226,9 @@ impl PercpuRef {
     /// # Panics
     ///
     /// If the count is zero (the ref was released): that is a use after
-    /// release; use [`tryget`](Self::tryget) to take a first reference.
+    /// release; use [`tryget`](Self::tryget) to take a first reference. If
+    /// the count would pass 2^62 - 1 (an overflow, as `Arc`'s abort); the
+    /// count is left unchanged.
     #[inline]
     pub fn get(&self) {
         self.get_many(1)
@@ -211,24 +236,37 @@ impl PercpuRef {
 
     /// Takes `n` references. The caller must already hold one.
     ///
+    /// `n` below 2^16 counts per CPU; a larger `n` takes the atomic path
+    /// (exact on every backend, and checked for overflow at once).
+    ///
     /// # Panics
     ///
-    /// If the count is zero, or `n` is above 2^62 - 1.
+    /// If the count is zero, if `n` is above 2^62 - 1, or on an overflow
+    /// (as [`get`](Self::get)); the count is left unchanged.
     #[inline]
     pub fn get_many(&self, n: usize) {
         let n = checked_n("get_many", n);
-        if n != 0 && !self.counters.try_add(&self.mode, n) {
+        if n != 0 && !self.try_add_percpu(n, n) {
             self.get_atomic(n);
         }
     }
 
+    /// The per-CPU path, for deltas small enough that no per-CPU counter
+    /// (nor a sharded backend's seal) can be pushed out of its range.
+    #[inline(always)]
+    fn try_add_percpu(&self, n: u64, delta: u64) -> bool {
+        n < PERCPU_N_LIMIT && self.counters.try_add(&self.mode, delta)
+    }
+
     #[inline(never)]
     fn get_atomic(&self, n: u64) {
-        if !self.count.add_unless_zero(n) {
-            panic!(
+        match self.count.add_unless_zero(n) {
+            AddOutcome::Added => {}
+            AddOutcome::Zero => panic!(
                 "percpu_ref::get_many({n}): the count is 0 (the ref was released); \
                  get needs a reference already held, use tryget"
-            );
+            ),
+            AddOutcome::Overflow { count } => overflow("get_many", n, count),
         }
     }
 
@@ -238,7 +276,8 @@ impl PercpuRef {
     ///
     /// On an underflow (more puts than gets) found in atomic mode; the count
     /// is left unchanged. In percpu mode an underflow is only found by the
-    /// next switch to atomic mode.
+    /// next switch to atomic mode. A panic of `release` propagates (the
+    /// count is zero and stays so).
     #[inline]
     pub fn put(&self) {
         self.put_many(1)
@@ -252,7 +291,7 @@ impl PercpuRef {
     #[inline]
     pub fn put_many(&self, n: usize) {
         let n = checked_n("put_many", n);
-        if n != 0 && !self.counters.try_add(&self.mode, n.wrapping_neg()) {
+        if n != 0 && !self.try_add_percpu(n, n.wrapping_neg()) {
             self.put_atomic(n);
         }
     }
@@ -269,6 +308,10 @@ impl PercpuRef {
     }
 
     /// Takes a reference unless the count is zero.
+    ///
+    /// # Panics
+    ///
+    /// On an overflow, as [`get`](Self::get).
     #[inline]
     pub fn tryget(&self) -> bool {
         self.tryget_many(1)
@@ -278,21 +321,34 @@ impl PercpuRef {
     ///
     /// # Panics
     ///
-    /// If `n` is above 2^62 - 1.
+    /// If `n` is above 2^62 - 1, or on an overflow.
     #[inline]
     pub fn tryget_many(&self, n: usize) -> bool {
         let n = checked_n("tryget_many", n);
+        self.try_add_percpu(n, n) || self.tryget_atomic("tryget_many", n)
+    }
+
+    #[inline(never)]
+    fn tryget_atomic(&self, op: &str, n: u64) -> bool {
         #[cfg(not(percpu_ref_mutant = "tryget_no_zero_check"))]
-        let got = self.counters.try_add(&self.mode, n) || self.count.add_unless_zero(n);
+        let outcome = self.count.add_unless_zero(n);
         // mutant tryget_no_zero_check: in atomic mode, add even at zero.
         #[cfg(percpu_ref_mutant = "tryget_no_zero_check")]
-        let got = self.counters.try_add(&self.mode, n) || self.count.add(n) < u64::MAX;
-        got
+        let outcome = self.count.add(n).map_or_else(|e| e, |_| AddOutcome::Added);
+        match outcome {
+            AddOutcome::Added => true,
+            AddOutcome::Zero => false,
+            AddOutcome::Overflow { count } => overflow(op, n, count),
+        }
     }
 
     /// Takes a reference unless the ref is dead (killed) or its count is
     /// zero. Once a `kill_and_confirm`'s confirm has run, no `tryget_live`
     /// that starts afterwards on any thread succeeds.
+    ///
+    /// # Panics
+    ///
+    /// On an overflow, as [`get`](Self::get).
     #[inline]
     pub fn tryget_live(&self) -> bool {
         self.counters.try_add(&self.mode, 1) || self.tryget_live_atomic()
@@ -305,7 +361,7 @@ impl PercpuRef {
         // mutant tryget_live_no_dead_check: behave as tryget.
         #[cfg(percpu_ref_mutant = "tryget_live_no_dead_check")]
         let alive = true;
-        alive && self.count.add_unless_zero(1)
+        alive && self.tryget_atomic("tryget_live", 1)
     }
 
     // ----- kill -------------------------------------------------------------
@@ -316,7 +372,9 @@ impl PercpuRef {
     ///
     /// # Errors
     ///
-    /// [`Error::AlreadyDead`] if the ref is already dead; nothing changes.
+    /// [`Error::AlreadyDead`] if the ref is already dead;
+    /// [`Error::GracePeriodFailed`] if the kernel refused the grace period.
+    /// Nothing changes on error.
     pub fn kill(&self) -> Result<(), Error> {
         self.kill_and_confirm(|_| {})
     }
@@ -330,8 +388,16 @@ impl PercpuRef {
     ///
     /// # Errors
     ///
-    /// [`Error::AlreadyDead`] if the ref is already dead; `confirm` is not
-    /// run and nothing changes.
+    /// [`Error::AlreadyDead`] if the ref is already dead;
+    /// [`Error::GracePeriodFailed`] if the kernel refused the grace period.
+    /// On error `confirm` is not run and nothing changes.
+    ///
+    /// # Panics
+    ///
+    /// If `confirm` panics, after the kill is complete (the base and the
+    /// temporary references are put, and `release` has run if it was due):
+    /// the panic is resumed. Also on misuse the fold finds (an underflow or
+    /// overflow of the count), after the kill is complete.
     ///
     /// # Examples
     ///
@@ -356,7 +422,7 @@ impl PercpuRef {
         // mutant dead_after_confirm: mark dead only once confirm has run.
         #[cfg(not(percpu_ref_mutant = "dead_after_confirm"))]
         self.mode.store(mode | MODE_DEAD, Ordering::Release);
-        let switch = self.switch_to_atomic_locked(&mut g, Some(confirm));
+        let switch = self.switch_to_atomic_locked(&mut g, confirm, mode, "kill_and_confirm")?;
         #[cfg(percpu_ref_mutant = "dead_after_confirm")]
         self.mode.store(self.mode() | MODE_DEAD, Ordering::Release);
         let put_base = cfg!(not(percpu_ref_mutant = "base_put_first"));
@@ -371,6 +437,10 @@ impl PercpuRef {
     /// Switches to atomic mode and keeps the ref there (sticky) until
     /// [`switch_to_percpu`](Self::switch_to_percpu). Returns when the switch
     /// is complete: the kernel's `percpu_ref_switch_to_atomic_sync`.
+    ///
+    /// # Panics
+    ///
+    /// As [`switch_to_atomic_and_confirm`](Self::switch_to_atomic_and_confirm).
     ///
     /// # Examples
     ///
@@ -389,6 +459,10 @@ impl PercpuRef {
 
     /// The kernel's name for [`switch_to_atomic`](Self::switch_to_atomic)
     /// (every switch here is synchronous).
+    ///
+    /// # Panics
+    ///
+    /// As [`switch_to_atomic_and_confirm`](Self::switch_to_atomic_and_confirm).
     pub fn switch_to_atomic_sync(&self) {
         self.switch_to_atomic()
     }
@@ -397,10 +471,25 @@ impl PercpuRef {
     /// once the switch is complete (immediately if already atomic), as the
     /// kernel's `percpu_ref_switch_to_atomic(ref, confirm)`. Same rules for
     /// `confirm` as [`kill_and_confirm`](Self::kill_and_confirm).
+    ///
+    /// # Panics
+    ///
+    /// If `confirm` panics (resumed once the switch is complete), on misuse
+    /// the fold finds, and if the kernel refused the grace period: the
+    /// switch is then undone first, so the ref is exactly as it was, and
+    /// `confirm` has not run.
     pub fn switch_to_atomic_and_confirm(&self, confirm: impl FnOnce(&PercpuRef)) {
         let mut g = self.lock_switch("switch_to_atomic");
-        g.state.force_atomic = true;
-        let switch = self.switch_to_atomic_locked(&mut g, Some(confirm));
+        let was_forced = std::mem::replace(&mut g.state.force_atomic, true);
+        let mode = self.mode();
+        let switch = match self.switch_to_atomic_locked(&mut g, confirm, mode, "switch_to_atomic") {
+            Ok(s) => s,
+            Err(e) => {
+                g.state.force_atomic = was_forced;
+                drop(g);
+                panic!("{e}");
+            }
+        };
         let mut deferred = Deferred::default();
         self.finish_atomic_switch(&mut deferred, switch, "switch_to_atomic", false);
         drop(g);
@@ -413,7 +502,21 @@ impl PercpuRef {
     /// # Errors
     ///
     /// [`Error::ReinitNotAllowed`] when the ref is atomic and was made
-    /// without `ALLOW_REINIT`; nothing changes.
+    /// without `ALLOW_REINIT`; [`Error::Released`] when its count is zero
+    /// (a released ref stays released until [`reinit`](Self::reinit));
+    /// [`Error::Miscounted`] after an underflow or overflow. Nothing changes
+    /// on error.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use percpu_ref::{Error, InitFlags, PercpuRef};
+    /// let r = PercpuRef::with_flags(|_| {}, InitFlags::ALLOW_REINIT);
+    /// r.switch_to_atomic();
+    /// r.put(); // the last reference: released
+    /// assert!(matches!(r.switch_to_percpu(), Err(Error::Released { .. })));
+    /// assert!(!r.tryget());
+    /// ```
     pub fn switch_to_percpu(&self) -> Result<(), Error> {
         let mut g = self.lock_switch("switch_to_percpu");
         let mode = self.mode();
@@ -425,10 +528,10 @@ impl PercpuRef {
                 op: "switch_to_percpu",
             });
         }
-        g.state.force_atomic = false;
         if mode & MODE_DEAD == 0 {
-            self.switch_to_percpu_locked();
+            self.switch_to_percpu_locked("switch_to_percpu")?;
         }
+        g.state.force_atomic = false;
         Ok(())
     }
 
@@ -442,7 +545,12 @@ impl PercpuRef {
     ///
     /// [`Error::NotDead`] if the ref is not dead; [`Error::ReinitNotAllowed`]
     /// if it would go back to percpu mode and was made without
-    /// `ALLOW_REINIT`. Nothing changes on error.
+    /// `ALLOW_REINIT`; [`Error::Miscounted`] after an underflow or overflow.
+    /// Nothing changes on error.
+    ///
+    /// # Panics
+    ///
+    /// If the new base reference would overflow the count.
     ///
     /// # Examples
     ///
@@ -493,12 +601,23 @@ impl PercpuRef {
         if !g.state.allow_reinit && !g.state.force_atomic {
             return Err(Error::ReinitNotAllowed { op });
         }
-        self.mode.store(self.mode() & !MODE_DEAD, Ordering::Release);
+        // Out of range stays out of range (every operation keeps the
+        // counter in its range), so this check cannot go stale.
+        let count = self.count.load();
+        if count > MAX_COUNT {
+            return Err(Error::Miscounted { op, count });
+        }
+        // The new base reference. Release: whoever takes a reference from
+        // it (a tryget on the atomic path, before the mode goes percpu)
+        // sees what the reviver wrote before reviving.
         // mutant revive_no_base_ref: come back to life without a base reference.
         #[cfg(not(percpu_ref_mutant = "revive_no_base_ref"))]
-        self.count.add(1);
+        if let Err(AddOutcome::Overflow { count }) = self.count.add(1) {
+            overflow(op, 1, count);
+        }
+        self.mode.store(self.mode() & !MODE_DEAD, Ordering::Release);
         if !g.state.force_atomic {
-            self.switch_to_percpu_locked();
+            self.switch_to_percpu_locked(op)?;
         }
         Ok(())
     }
@@ -521,9 +640,10 @@ impl PercpuRef {
         self.mode.load(Ordering::Acquire) & MODE_ATOMIC == 0
     }
 
-    /// The count in atomic mode, `None` in percpu mode or while a switch to
-    /// atomic is folding the per-CPU counts in. The value can be stale as
-    /// soon as it is returned; it is meant for diagnostics and tests.
+    /// The count in atomic mode, `None` in percpu mode, while a switch to
+    /// atomic is folding the per-CPU counts in, or after an underflow or
+    /// overflow. The value can be stale as soon as it is returned; it is
+    /// meant for diagnostics and tests.
     pub fn atomic_count(&self) -> Option<u64> {
         if self.is_percpu() {
             return None;
@@ -566,55 +686,84 @@ impl PercpuRef {
     /// Steps 1-5 of the switch to atomic mode, except dropping the temporary
     /// reference, which the caller does under the lock via
     /// [`finish_atomic_switch`](Self::finish_atomic_switch).
-    fn switch_to_atomic_locked<F: FnOnce(&PercpuRef)>(
+    ///
+    /// `undo_mode` is the mode word to restore if the grace period fails
+    /// (a kill has already set `DEAD`); the switch is then undone and
+    /// `confirm` not run.
+    fn switch_to_atomic_locked(
         &self,
         _g: &mut SwitchGuard<'_>,
-        confirm: Option<F>,
-    ) -> AtomicSwitch {
+        confirm: impl FnOnce(&PercpuRef),
+        undo_mode: usize,
+        op: &'static str,
+    ) -> Result<AtomicSwitch, Error> {
         let mode = self.mode();
         if mode & MODE_ATOMIC != 0 {
-            if let Some(confirm) = confirm {
-                confirm(self);
-            }
-            return AtomicSwitch {
+            return Ok(AtomicSwitch {
                 temp_ref: false,
-                underflow: None,
-            };
+                miscount: None,
+                confirm_panic: self.run_confirm(confirm),
+            });
         }
         self.mode.store(mode | MODE_ATOMIC, Ordering::Release);
-        self.count.add(1);
-        let sum = self.counters.seal_and_sum();
-        let folded = self.count.fold_percpu_sum(sum);
-        // `folded` includes the temporary reference: a correct count is >= 1.
-        #[cfg(not(percpu_ref_mutant = "underflow_off_by_one"))]
-        let underflow = (folded < 1).then_some(folded - 1);
-        // mutant underflow_off_by_one: forget that `folded` holds the temp ref.
+        self.count.add_temp_ref();
+        let sum = match self.counters.seal_and_sum() {
+            Ok(sum) => sum,
+            Err(e) => {
+                // Nothing was summed: percpu adds made meanwhile are still in
+                // their counters, atomic ones in the biased counter.
+                self.mode.store(undo_mode, Ordering::Release);
+                let _ = self.count.sub(1);
+                return Err(Error::GracePeriodFailed {
+                    op,
+                    errno: e.raw_os_error().unwrap_or(0),
+                });
+            }
+        };
+        let fold = self.count.fold_percpu_sum(sum);
+        // mutant underflow_off_by_one: forget that the fold holds the temp ref.
         #[cfg(percpu_ref_mutant = "underflow_off_by_one")]
-        let underflow = (folded < 2).then_some(folded - 1);
+        let fold = match self.count.load() {
+            1 => Fold::Underflow(0),
+            _ => fold,
+        };
+        let miscount = match fold {
+            Fold::Exact => None,
+            // `v` includes the temporary reference.
+            Fold::Underflow(v) => Some(format!(
+                "percpu_ref::{op}: count underflow found when switching to atomic mode: \
+                 the count is {} (more puts than gets); the ref will never release",
+                v - 1
+            )),
+            Fold::Overflow(v) => Some(format!(
+                "percpu_ref::{op}: count overflow found when switching to atomic mode: \
+                 {} references, more than 2^62 - 1; the ref will never release",
+                v - 1
+            )),
+        };
         // mutant confirm_after_put: drop the temporary reference before confirm.
         #[cfg(percpu_ref_mutant = "confirm_after_put")]
         if self.count.sub(1) == PutOutcome::ReachedZero {
             (self.release)(self);
         }
-        if let Some(confirm) = confirm {
-            confirm(self);
-        }
-        AtomicSwitch {
+        Ok(AtomicSwitch {
             temp_ref: cfg!(not(percpu_ref_mutant = "confirm_after_put")),
-            underflow,
-        }
+            miscount,
+            confirm_panic: self.run_confirm(confirm),
+        })
     }
 
-    /// Reports an underflow the fold found, then puts the base reference
-    /// (for a kill) and the temporary one, in the kernel's order. Runs
-    /// under the lock; the returned release and panic run after unlock.
+    /// Runs `confirm`, catching a panic so that the switch can finish.
+    fn run_confirm(&self, confirm: impl FnOnce(&PercpuRef)) -> Option<Box<dyn Any + Send>> {
+        catch_unwind(AssertUnwindSafe(|| confirm(self))).err()
+    }
+
+    /// Records misuse the fold found, then puts the base reference (for a
+    /// kill) and the temporary one, in the kernel's order. Runs under the
+    /// lock; the returned release and panics run after unlock.
     fn finish_atomic_switch(&self, d: &mut Deferred, s: AtomicSwitch, op: &str, put_base: bool) {
-        if let Some(count) = s.underflow {
-            d.panic = Some(format!(
-                "percpu_ref::{op}: count underflow found when switching to atomic mode: \
-                 the count is {count} (more puts than gets)"
-            ));
-        }
+        d.panic = s.miscount;
+        d.confirm_panic = s.confirm_panic;
         if put_base {
             self.put_locked(d, op);
         }
@@ -634,23 +783,33 @@ impl PercpuRef {
         }
     }
 
+    /// After unlock: release if due, then resume a panic of `confirm`, then
+    /// report misuse.
     fn run_deferred(&self, d: Deferred) {
         if d.release {
             (self.release)(self);
+        }
+        if let Some(payload) = d.confirm_panic {
+            resume_unwind(payload);
         }
         if let Some(msg) = d.panic {
             panic!("{msg}");
         }
     }
 
-    /// Back to percpu mode; the caller checked `allow_reinit` and that the
-    /// ref is atomic, alive and not forced atomic.
-    fn switch_to_percpu_locked(&self) {
+    /// Back to percpu mode, unless the count is zero (released) or broken;
+    /// the caller checked `allow_reinit` and that the ref is alive and not
+    /// forced atomic.
+    fn switch_to_percpu_locked(&self, op: &'static str) -> Result<(), Error> {
         let mode = self.mode();
         if mode & MODE_ATOMIC == 0 {
-            return;
+            return Ok(());
         }
-        self.count.add_bias();
+        match self.count.add_bias_unless_zero() {
+            Ok(_) => {}
+            Err(0) => return Err(Error::Released { op }),
+            Err(count) => return Err(Error::Miscounted { op, count }),
+        }
         #[cfg(not(percpu_ref_mutant = "reset_after_mode_store"))]
         self.counters.reset();
         // Release: a percpu op that reads the cleared bit sees zeroed counters.
@@ -662,6 +821,7 @@ impl PercpuRef {
         // mutant reset_after_mode_store: zero the counters after going percpu.
         #[cfg(percpu_ref_mutant = "reset_after_mode_store")]
         self.counters.reset();
+        Ok(())
     }
 }
 
@@ -698,6 +858,15 @@ fn checked_n(op: &str, n: usize) -> u64 {
 #[inline(never)]
 fn n_too_large(op: &str, n: u64) -> ! {
     panic!("percpu_ref::{op}({n}): n is above the largest count, 2^62 - 1");
+}
+
+#[cold]
+#[inline(never)]
+fn overflow(op: &str, n: u64, count: u64) -> ! {
+    panic!(
+        "percpu_ref::{op}: count overflow: adding {n} to the counter at {count} would pass \
+         its range (at most 2^62 - 1 references); the count is left at {count}"
+    );
 }
 
 fn underflow_message(op: &str, n: u64, count: u64) -> String {

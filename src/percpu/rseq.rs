@@ -151,9 +151,9 @@ impl RseqCounters {
         result
     }
 
-    pub(crate) fn seal_and_sum(&self) -> u64 {
-        rseq_abi::grace_period();
-        self.slot.sum()
+    pub(crate) fn seal_and_sum(&self) -> std::io::Result<u64> {
+        rseq_abi::grace_period()?;
+        Ok(self.slot.sum())
     }
 
     pub(crate) fn reset(&self) {
@@ -216,7 +216,7 @@ mod tests {
                     !c.try_add(&atomic, 1),
                     "counted in atomic mode on CPU {cpu}"
                 );
-                assert_eq!(c.seal_and_sum(), 1000);
+                assert_eq!(c.seal_and_sum().unwrap(), 1000);
             })
             .join()
             .unwrap();

@@ -144,13 +144,19 @@ fn membarrier_register() -> bool {
 
 /// The grace period: on return, every fast-path add on any thread of this
 /// process either committed (and is visible here) or will restart.
-pub(crate) fn grace_period() {
+///
+/// # Errors
+///
+/// The kernel's error when it refuses the command even after registering
+/// again (a seccomp filter that blocks `membarrier` on this thread, say).
+/// Nothing was waited for then: the caller must not sum.
+pub(crate) fn grace_period() -> std::io::Result<()> {
     if FORCED.load(Ordering::Relaxed) {
         // One thread and no kernel rseq: nothing can be in flight.
-        return;
+        return Ok(());
     }
     if membarrier(MEMBARRIER_CMD_PRIVATE_EXPEDITED_RSEQ) == 0 {
-        return;
+        return Ok(());
     }
     // EPERM: this address space is not registered (a kernel that does not
     // carry the registration over fork): register it and try again.
@@ -158,13 +164,9 @@ pub(crate) fn grace_period() {
     if membarrier(MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED_RSEQ) == 0
         && membarrier(MEMBARRIER_CMD_PRIVATE_EXPEDITED_RSEQ) == 0
     {
-        return;
+        return Ok(());
     }
-    panic!(
-        "percpu_ref: membarrier(MEMBARRIER_CMD_PRIVATE_EXPEDITED_RSEQ) failed ({first}; \
-         after re-registering: {}): the rseq grace period cannot be waited out",
-        std::io::Error::last_os_error()
-    );
+    Err(first)
 }
 
 /// Records one aborted fast-path attempt (it is retried).

@@ -22,12 +22,26 @@
 //! tracking and no grace period are needed, and loom checks this backend
 //! exactly as it runs.
 //!
-//! Before touching its shard, an operation reads the mode word and goes
-//! straight to the atomic path when it is atomic: that is only a shortcut
-//! (it keeps atomic-mode traffic off the shards); the returned old value
-//! alone decides.
+//! # Ranges
+//!
+//! Before its `fetch_add` an operation loads its shard and goes straight to
+//! the atomic path unless the value is within `±2^60` ([`COMFORT`]). That
+//! load is only a filter, so it may be stale and relaxed: it can send an
+//! operation to the (always exact) atomic path, never make one count. It
+//! does two jobs:
+//!
+//! - a sealed shard fails it, so atomic-mode operations leave the shards
+//!   alone (the mode word need not be read at all);
+//! - live values stay far from the seal: every per-CPU delta is below 2^16
+//!   in magnitude (the protocol sends larger `n` to the atomic path), so a
+//!   shard can pass `2^60` only by the adds of threads that passed the
+//!   filter before it did, at most `threads * 2^16`. Reaching `2^61`, where
+//!   a live value would read as sealed, would take 2^44 threads racing on
+//!   one shard; likewise a sealed shard's drift stays far below `2^61`.
+//!   Any `n` the API accepts therefore counts exactly, and a shard that a
+//!   long run pushed to the edge just sends its thread to the atomic path.
 
-use super::{cpus::possible_cpus, MODE_ATOMIC};
+use super::cpus::possible_cpus;
 use crate::sync::{AtomicU64, AtomicUsize, Ordering};
 use crossbeam_utils::CachePadded;
 
@@ -35,6 +49,14 @@ use crossbeam_utils::CachePadded;
 const SEALED: u64 = 1 << 62;
 /// Live per-shard values stay within (-LIVE_LIMIT, LIVE_LIMIT) as i64.
 const LIVE_LIMIT: u64 = 1 << 61;
+/// Operations add to a shard only while it is within (-COMFORT, COMFORT).
+const COMFORT: u64 = 1 << 60;
+
+/// Whether a shard value (loaded before adding) leaves room to add.
+#[inline(always)]
+fn has_room(v: u64) -> bool {
+    v.wrapping_add(COMFORT) < 2 * COMFORT
+}
 
 /// Whether a shard value returned by `fetch_add` belongs to a sealed shard.
 #[inline(always)]
@@ -50,11 +72,14 @@ pub(crate) struct Shards {
 }
 
 impl Shards {
-    pub(crate) fn new() -> Self {
+    /// Shards at zero, or `sealed` for a ref that starts in atomic mode
+    /// (no operation may count on them until a switch to percpu resets them).
+    pub(crate) fn new(sealed: bool) -> Self {
         let n = possible_cpus().next_power_of_two();
+        let v = if sealed { SEALED } else { 0 };
         Shards {
             shards: (0..n)
-                .map(|_| CachePadded::new(AtomicU64::new(0)))
+                .map(|_| CachePadded::new(AtomicU64::new(v)))
                 .collect(),
             mask: n - 1,
         }
@@ -65,15 +90,19 @@ impl Shards {
         &self.shards[thread_index() & self.mask]
     }
 
+    /// `delta` is below 2^16 in magnitude (see the module docs); the mode
+    /// word is not read: a sealed shard says "atomic" by itself.
     #[inline(always)]
-    pub(crate) fn try_add(&self, mode: &AtomicUsize, delta: u64) -> bool {
-        if mode.load(Ordering::Relaxed) & MODE_ATOMIC != 0 {
+    pub(crate) fn try_add(&self, _mode: &AtomicUsize, delta: u64) -> bool {
+        let shard = self.shard();
+        if !has_room(shard.load(Ordering::Relaxed)) {
             return false;
         }
         // AcqRel: release so the switcher's swap sees everything before a
         // put; acquire so an op that finds the shard sealed sees the mode
-        // bits (DEAD) the switcher stored before sealing.
-        let old = self.shard().fetch_add(delta, Ordering::AcqRel);
+        // bits (DEAD) the switcher stored before sealing, and one that
+        // counts after a reset sees what preceded the switch back.
+        let old = shard.fetch_add(delta, Ordering::AcqRel);
         #[cfg(not(any(
             percpu_ref_mutant = "seal_check_inverted",
             percpu_ref_mutant = "seal_check_ignored"
@@ -157,6 +186,7 @@ pub(super) fn thread_index() -> usize {
 #[cfg(all(test, not(loom)))]
 mod tests {
     use super::*;
+    use crate::percpu::MODE_ATOMIC;
 
     #[test]
     fn sealed_classification() {
@@ -187,12 +217,40 @@ mod tests {
     }
 
     #[test]
+    fn room_classification() {
+        for v in [0u64, 1, COMFORT - 1, 0u64.wrapping_sub(COMFORT - 1)] {
+            assert!(has_room(v), "{v:#x} has room");
+        }
+        for v in [
+            COMFORT,
+            0u64.wrapping_sub(COMFORT + 1),
+            SEALED,
+            SEALED - (1 << 40),
+        ] {
+            assert!(!has_room(v), "{v:#x} has no room");
+        }
+    }
+
+    #[test]
+    fn a_shard_at_the_edge_sends_its_thread_to_the_atomic_path() {
+        let mode = AtomicUsize::new(0);
+        let s = Shards::new(false);
+        // Push this thread's shard to the edge, 2^16 at a time would take
+        // too long: set it directly, as 2^44 maximal adds would.
+        s.shard().store(COMFORT - 1, Ordering::Relaxed);
+        assert!(s.try_add(&mode, 1), "still room");
+        assert!(!s.try_add(&mode, 1), "at the edge: atomic path");
+        assert_eq!(s.seal_and_sum(), COMFORT);
+    }
+
+    #[test]
     fn late_add_after_seal_is_not_counted() {
         let mode = AtomicUsize::new(0);
-        let s = Shards::new();
+        let s = Shards::new(false);
         assert!(s.try_add(&mode, 5));
         assert!(s.try_add(&mode, 2u64.wrapping_neg()));
-        // The switcher sealed, but this op read the mode before it changed.
+        // The switcher sealed: the filter (or, for an op that passed it
+        // before the seal, the returned old value) refuses the add.
         assert_eq!(s.seal_and_sum(), 3);
         assert!(
             !s.try_add(&mode, 1),

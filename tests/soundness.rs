@@ -1,0 +1,439 @@
+//! The promises of `PercpuRef` under hostile input: panicking callbacks,
+//! refused grace periods, released refs sent back to percpu mode, huge `n`
+//! and counts at their limit. Each test runs on every available backend.
+//! (Issue 10, items 5 to 9; the css and rseq items have their own files.)
+
+use percpu_ref::{Backend, Error, InitFlags, PercpuRef};
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
+use std::sync::Arc;
+
+const MAX_COUNT: usize = (1 << 62) - 1;
+
+fn backends() -> Vec<Backend> {
+    [Backend::Sharded, Backend::Rseq]
+        .into_iter()
+        .filter(|b| b.is_available())
+        .collect()
+}
+
+/// A ref on `backend` whose release calls are counted.
+fn counted(flags: InitFlags, backend: Backend) -> (PercpuRef, Arc<AtomicUsize>) {
+    let releases = Arc::new(AtomicUsize::new(0));
+    let r = {
+        let releases = releases.clone();
+        PercpuRef::with_backend(
+            move |_| {
+                releases.fetch_add(1, SeqCst);
+            },
+            flags,
+            backend,
+        )
+        .unwrap()
+    };
+    (r, releases)
+}
+
+fn panic_message(f: impl FnOnce()) -> String {
+    let err = catch_unwind(AssertUnwindSafe(f)).expect_err("expected a panic");
+    err.downcast_ref::<String>()
+        .cloned()
+        .or_else(|| err.downcast_ref::<&str>().map(|s| s.to_string()))
+        .unwrap_or_default()
+}
+
+// ----- item 5: panicking callbacks --------------------------------------------
+
+#[test]
+fn a_panicking_confirm_still_completes_the_kill() {
+    for b in backends() {
+        let (r, rel) = counted(InitFlags::empty(), b);
+        r.get(); // one reference outstanding
+        let msg = panic_message(|| {
+            let _ = r.kill_and_confirm(|_| panic!("confirm failed on purpose"));
+        });
+        assert_eq!(
+            msg, "confirm failed on purpose",
+            "{b}: the panic propagates"
+        );
+        assert!(r.is_dying() && !r.tryget_live(), "{b}");
+        assert_eq!(
+            r.atomic_count(),
+            Some(1),
+            "{b}: base and temporary references were put"
+        );
+        assert_eq!(rel.load(SeqCst), 0, "{b}");
+        r.put();
+        assert_eq!(rel.load(SeqCst), 1, "{b}: released once, by the last put");
+        assert!(matches!(r.kill(), Err(Error::AlreadyDead { .. })), "{b}");
+    }
+}
+
+#[test]
+fn a_panicking_confirm_releases_when_it_was_the_last_reference() {
+    for b in backends() {
+        let (r, rel) = counted(InitFlags::empty(), b);
+        let msg = panic_message(|| {
+            let _ = r.kill_and_confirm(|r| {
+                assert!(!r.tryget_live());
+                panic!("boom");
+            });
+        });
+        assert_eq!(msg, "boom");
+        assert_eq!(rel.load(SeqCst), 1, "{b}: the kill released the ref");
+        assert!(r.is_zero(), "{b}");
+    }
+}
+
+#[test]
+fn a_panicking_confirm_of_a_switch_leaves_the_count_exact() {
+    for b in backends() {
+        let (r, rel) = counted(InitFlags::ALLOW_REINIT, b);
+        r.get_many(3);
+        panic_message(|| r.switch_to_atomic_and_confirm(|_| panic!("confirm")));
+        assert_eq!(
+            r.atomic_count(),
+            Some(4),
+            "{b}: no temporary reference left"
+        );
+        r.switch_to_percpu().unwrap();
+        r.put_many(3);
+        r.kill().unwrap();
+        assert_eq!(rel.load(SeqCst), 1, "{b}");
+    }
+}
+
+#[test]
+fn a_switch_from_inside_confirm_panics_after_the_kill_completes() {
+    for b in backends() {
+        let (r, rel) = counted(InitFlags::empty(), b);
+        let msg = panic_message(|| {
+            let _ = r.kill_and_confirm(|r| r.switch_to_atomic());
+        });
+        assert!(msg.contains("inside a confirm callback"), "{b}: {msg}");
+        assert_eq!(rel.load(SeqCst), 1, "{b}: the kill still released");
+    }
+}
+
+#[test]
+fn a_panicking_release_runs_once_and_leaves_the_ref_released() {
+    for b in backends() {
+        let calls = Arc::new(AtomicUsize::new(0));
+        let r = {
+            let calls = calls.clone();
+            PercpuRef::with_backend(
+                move |_| {
+                    calls.fetch_add(1, SeqCst);
+                    panic!("release failed on purpose");
+                },
+                InitFlags::empty(),
+                b,
+            )
+            .unwrap()
+        };
+        r.get();
+        r.kill().unwrap();
+        let msg = panic_message(|| r.put());
+        assert_eq!(msg, "release failed on purpose");
+        assert!(r.is_zero(), "{b}");
+        assert!(!r.tryget(), "{b}: released stays released");
+        assert_eq!(calls.load(SeqCst), 1, "{b}");
+        // The same from the kill's own put.
+        let r2 = {
+            let calls = calls.clone();
+            PercpuRef::with_backend(
+                move |_| {
+                    calls.fetch_add(1, SeqCst);
+                    panic!("release failed on purpose");
+                },
+                InitFlags::empty(),
+                b,
+            )
+            .unwrap()
+        };
+        panic_message(|| {
+            let _ = r2.kill();
+        });
+        assert!(r2.is_zero() && r2.is_dying(), "{b}");
+        assert_eq!(calls.load(SeqCst), 2, "{b}");
+    }
+}
+
+// ----- item 7: a released ref stays released ------------------------------------
+
+#[test]
+fn switch_to_percpu_refuses_a_released_ref() {
+    for b in backends() {
+        let (r, rel) = counted(InitFlags::ALLOW_REINIT, b);
+        r.switch_to_atomic();
+        r.put(); // count 1 -> 0
+        assert_eq!(rel.load(SeqCst), 1, "{b}");
+        assert_eq!(
+            r.switch_to_percpu(),
+            Err(Error::Released {
+                op: "switch_to_percpu"
+            }),
+            "{b}"
+        );
+        assert!(!r.is_percpu() && r.is_zero(), "{b}: nothing changed");
+        assert!(!r.tryget() && !r.tryget_live(), "{b}");
+        assert!(r.switch_to_percpu().is_err(), "{b}: still refused");
+        // reinit starts a new life; only that one can release again.
+        r.reinit().unwrap();
+        assert!(!r.is_zero() && r.tryget(), "{b}");
+        r.put();
+        assert_eq!(rel.load(SeqCst), 1, "{b}");
+        assert_eq!(r.atomic_count(), Some(1), "{b}: still sticky atomic");
+        r.kill().unwrap();
+        assert_eq!(rel.load(SeqCst), 2, "{b}: one release per life");
+    }
+}
+
+// ----- item 8: every n counts exactly on every backend --------------------------
+
+#[test]
+fn huge_n_counts_exactly() {
+    for b in backends() {
+        let (r, rel) = counted(InitFlags::empty(), b);
+        r.get_many(1 << 61);
+        r.get();
+        r.kill().unwrap();
+        assert_eq!(r.atomic_count(), Some((1 << 61) + 1), "{b}");
+        r.put_many((1 << 61) + 1);
+        assert_eq!(rel.load(SeqCst), 1, "{b}");
+
+        let (r, rel) = counted(InitFlags::empty(), b);
+        r.get_many(1 << 61);
+        r.put_many(1 << 61);
+        r.kill().unwrap();
+        assert_eq!(rel.load(SeqCst), 1, "{b}: no false underflow");
+
+        // Just below and at the per-CPU limit, in every combination.
+        let (r, rel) = counted(InitFlags::empty(), b);
+        for n in [(1 << 16) - 1, 1 << 16, (1 << 16) + 1, 1 << 40] {
+            r.get_many(n);
+            assert!(r.tryget_many(n));
+        }
+        for n in [(1 << 16) - 1, 1 << 16, (1 << 16) + 1, 1 << 40] {
+            r.put_many(2 * n);
+        }
+        r.kill().unwrap();
+        assert_eq!(rel.load(SeqCst), 1, "{b}");
+    }
+}
+
+#[test]
+fn huge_n_from_many_threads_counts_exactly() {
+    for b in backends() {
+        let (r, rel) = counted(InitFlags::ALLOW_REINIT, b);
+        let r = Arc::new(r);
+        let threads: Vec<_> = (0..4)
+            .map(|i| {
+                let r = r.clone();
+                std::thread::spawn(move || {
+                    for k in 0..2000usize {
+                        let n = if k % 2 == 0 {
+                            1 << 45
+                        } else {
+                            (k * 7919 + i) % 70_000
+                        };
+                        r.get_many(n);
+                        if k % 500 == 0 && i == 0 {
+                            r.switch_to_atomic();
+                            r.switch_to_percpu().unwrap();
+                        }
+                        r.put_many(n);
+                    }
+                })
+            })
+            .collect();
+        for t in threads {
+            t.join().unwrap();
+        }
+        r.kill().unwrap();
+        assert_eq!(rel.load(SeqCst), 1, "{b}: exact after huge gets and puts");
+    }
+}
+
+// ----- item 9: overflow is an overflow, never a wrap ----------------------------
+
+#[test]
+fn overflow_in_atomic_mode_panics_and_keeps_the_count() {
+    for b in backends() {
+        let (r, rel) = counted(InitFlags::INIT_ATOMIC, b);
+        let msg = panic_message(|| r.get_many(MAX_COUNT));
+        assert!(
+            msg.contains("get_many") && msg.contains("overflow"),
+            "{msg}"
+        );
+        assert_eq!(r.atomic_count(), Some(1), "{b}: unchanged");
+        r.get_many(MAX_COUNT - 1); // exactly at the limit
+        assert_eq!(r.atomic_count(), Some(MAX_COUNT as u64));
+        assert!(panic_message(|| r.get()).contains("overflow"));
+        assert!(panic_message(|| {
+            r.tryget();
+        })
+        .contains("overflow"));
+        assert!(!r.is_zero() && r.atomic_count() == Some(MAX_COUNT as u64));
+        r.put_many(MAX_COUNT);
+        assert_eq!(rel.load(SeqCst), 1, "{b}: released once, at zero");
+    }
+}
+
+#[test]
+fn overflow_in_percpu_mode_is_caught_at_the_call() {
+    for b in backends() {
+        let (r, rel) = counted(InitFlags::empty(), b);
+        let msg = panic_message(|| r.get_many(MAX_COUNT));
+        assert!(msg.contains("overflow"), "{b}: {msg}");
+        assert!(r.is_percpu(), "{b}: still alive");
+        r.get_many(MAX_COUNT - 1); // the base plus this: exactly the limit
+        let msg = panic_message(|| r.get_many(1 << 20));
+        assert!(msg.contains("overflow"), "{b}: {msg}");
+        r.kill().unwrap();
+        assert_eq!(r.atomic_count(), Some(MAX_COUNT as u64 - 1));
+        r.put_many(MAX_COUNT - 1);
+        assert_eq!(rel.load(SeqCst), 1, "{b}");
+    }
+}
+
+#[test]
+fn a_miscounted_ref_never_releases_and_refuses_to_go_percpu() {
+    for b in backends() {
+        let (r, rel) = counted(InitFlags::ALLOW_REINIT, b);
+        r.put(); // the base reference, in percpu mode: not seen yet
+        r.put(); // one more: an underflow
+        let msg = panic_message(|| r.switch_to_atomic());
+        assert!(
+            msg.contains("underflow") && msg.contains("-1"),
+            "{b}: {msg}"
+        );
+        assert_eq!(rel.load(SeqCst), 0, "{b}: never released");
+        assert!(matches!(
+            r.switch_to_percpu(),
+            Err(Error::Miscounted { .. })
+        ));
+        r.get();
+        r.put();
+        assert_eq!(rel.load(SeqCst), 0, "{b}");
+    }
+}
+
+// ----- item 6: a refused grace period undoes the switch -------------------------
+
+/// Installs, on the calling thread only, a seccomp filter that fails
+/// `membarrier` with EPERM (as a sandbox applied after start-up would).
+#[cfg(all(target_os = "linux", target_arch = "x86_64"))]
+fn block_membarrier_on_this_thread() {
+    use libc::{sock_filter, sock_fprog};
+    const AUDIT_ARCH_X86_64: u32 = 0xc000_003e;
+    let stmt = |code: u16, k: u32| sock_filter {
+        code,
+        jt: 0,
+        jf: 0,
+        k,
+    };
+    let jeq = |k: u32, jt: u8, jf: u8| sock_filter {
+        code: (libc::BPF_JMP | libc::BPF_JEQ | libc::BPF_K) as u16,
+        jt,
+        jf,
+        k,
+    };
+    let ld = (libc::BPF_LD | libc::BPF_W | libc::BPF_ABS) as u16;
+    let ret = (libc::BPF_RET | libc::BPF_K) as u16;
+    let mut prog = [
+        stmt(ld, 4), // seccomp_data.arch
+        jeq(AUDIT_ARCH_X86_64, 0, 3),
+        stmt(ld, 0), // seccomp_data.nr
+        jeq(libc::SYS_membarrier as u32, 0, 1),
+        stmt(ret, libc::SECCOMP_RET_ERRNO | libc::EPERM as u32),
+        stmt(ret, libc::SECCOMP_RET_ALLOW),
+    ];
+    let fprog = sock_fprog {
+        len: prog.len() as u16,
+        filter: prog.as_mut_ptr(),
+    };
+    // SAFETY: plain prctl calls with integer arguments and a pointer to a
+    // valid filter program that outlives the call; the filter applies to
+    // this thread only (no TSYNC flag).
+    unsafe {
+        assert_eq!(libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), 0);
+        assert_eq!(
+            libc::prctl(
+                libc::PR_SET_SECCOMP,
+                libc::SECCOMP_MODE_FILTER,
+                &fprog as *const sock_fprog
+            ),
+            0,
+            "seccomp: {}",
+            std::io::Error::last_os_error()
+        );
+    }
+}
+
+#[cfg(all(target_os = "linux", target_arch = "x86_64"))]
+#[test]
+fn a_refused_grace_period_undoes_the_switch() {
+    if !Backend::Rseq.is_available() {
+        eprintln!("skipped: the rseq backend is not available");
+        return;
+    }
+    let (r, rel) = counted(InitFlags::ALLOW_REINIT, Backend::Rseq);
+    let r = Arc::new(r);
+    r.get_many(5);
+    // Another thread keeps counting per CPU throughout.
+    let stop = Arc::new(AtomicUsize::new(0));
+    let worker = {
+        let (r, stop) = (r.clone(), stop.clone());
+        std::thread::spawn(move || {
+            let mut n = 0u64;
+            while stop.load(SeqCst) == 0 {
+                r.get();
+                r.put();
+                n += 1;
+            }
+            n
+        })
+    };
+    let confirmed = Arc::new(AtomicUsize::new(0));
+    {
+        let (r, confirmed) = (r.clone(), confirmed.clone());
+        std::thread::spawn(move || {
+            block_membarrier_on_this_thread();
+            let e = r
+                .kill_and_confirm(|_| {
+                    confirmed.fetch_add(1, SeqCst);
+                })
+                .unwrap_err();
+            assert!(
+                matches!(
+                    e,
+                    Error::GracePeriodFailed {
+                        op: "kill_and_confirm",
+                        errno: libc::EPERM
+                    }
+                ),
+                "{e:?}"
+            );
+            assert!(e.to_string().contains("undone"), "{e}");
+            assert!(r.is_percpu() && !r.is_dying(), "the kill was undone");
+            let msg = panic_message(|| r.switch_to_atomic());
+            assert!(msg.contains("switch_to_atomic") && msg.contains("membarrier"));
+            assert!(r.is_percpu(), "the switch was undone");
+            assert!(r.tryget_live());
+            r.put();
+        })
+        .join()
+        .unwrap();
+    }
+    assert_eq!(confirmed.load(SeqCst), 0, "confirm never ran");
+    stop.store(1, SeqCst);
+    assert!(worker.join().unwrap() > 0);
+    // A thread without the filter can kill it, and the count is exact.
+    r.switch_to_atomic();
+    assert_eq!(r.atomic_count(), Some(6), "nothing lost, nothing twice");
+    r.switch_to_percpu().unwrap();
+    r.kill().unwrap();
+    r.put_many(5);
+    assert_eq!(rel.load(SeqCst), 1);
+}
