@@ -1385,6 +1385,49 @@ mod tests {
         drop(r);
     }
 
+    /// Panics in its `Drop` (after counting the drop).
+    struct PanicsOnDrop(Arc<StdAtomicUsize>);
+
+    impl Drop for PanicsOnDrop {
+        fn drop(&mut self) {
+            self.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            panic!("T::drop failed on purpose");
+        }
+    }
+
+    #[test]
+    fn a_panicking_value_drop_in_release_still_frees_the_block() {
+        let _s = serial();
+        let before = live_blocks();
+        let d = Arc::new(StdAtomicUsize::new(0));
+        // Released by the last Ref's drop.
+        let o = Owner::new(PanicsOnDrop(d.clone()));
+        let r = o.get();
+        drop(o);
+        let e = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| drop(r))).unwrap_err();
+        assert_eq!(e.downcast_ref::<&str>(), Some(&"T::drop failed on purpose"));
+        assert_eq!(drops(&d), 1);
+        assert_eq!(live_blocks(), before, "the block was freed all the same");
+        // Released by the owner's own kill.
+        let o = Owner::new(PanicsOnDrop(d.clone()));
+        let w = o.downgrade();
+        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| drop(o))).unwrap_err();
+        assert_eq!(drops(&d), 2);
+        assert!(w.tryget().is_none());
+        drop(w);
+        assert_eq!(live_blocks(), before);
+        // Dropped by a `Killed` after the release.
+        let o = Owner::new(PanicsOnDrop(d.clone()));
+        let r = o.get();
+        let k = o.kill();
+        drop(r);
+        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| drop(k))).unwrap_err();
+        assert_eq!(drops(&d), 3);
+        assert_eq!(live_blocks(), before);
+        // No unit was left owed on this thread.
+        assert!(OWED.with(Cell::take).is_none());
+    }
+
     #[test]
     fn ref_drops_inside_value_drop_settle_their_own_units() {
         let _s = serial();
