@@ -13,6 +13,7 @@
 
 use percpu_ref::{Backend, Error, InitFlags, PercpuRef};
 use proptest::prelude::*;
+use std::borrow::Cow;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
 use std::sync::Arc;
@@ -74,8 +75,8 @@ enum Outcome {
     Done,
     Bool(bool),
     Err(Error),
-    /// A panic whose message contains this.
-    Panic(&'static str),
+    /// A panic whose message contains this (expected) or is this (got).
+    Panic(Cow<'static, str>),
 }
 
 #[derive(Debug)]
@@ -125,7 +126,7 @@ impl Model {
     fn release(&mut self) -> Outcome {
         self.releases += 1;
         if self.release_panics {
-            Outcome::Panic("release panics")
+            Outcome::Panic("release panics".into())
         } else {
             Outcome::Done
         }
@@ -137,11 +138,11 @@ impl Model {
             return if unless_zero {
                 Outcome::Bool(false)
             } else {
-                Outcome::Panic("released")
+                Outcome::Panic("released".into())
             };
         }
         if self.a + n > MAX {
-            return Outcome::Panic("overflow");
+            return Outcome::Panic("overflow".into());
         }
         self.a += n;
         if unless_zero {
@@ -178,12 +179,12 @@ impl Model {
                     Outcome::Done
                 } else if self.percpu {
                     if self.a - n <= -(1 << 62) {
-                        return Outcome::Panic("underflow");
+                        return Outcome::Panic("underflow".into());
                     }
                     self.a -= n;
                     Outcome::Done
                 } else if self.a < n {
-                    Outcome::Panic("underflow")
+                    Outcome::Panic("underflow".into())
                 } else {
                     self.a -= n;
                     if self.a == 0 {
@@ -304,15 +305,15 @@ impl Model {
             self.put_locked(&mut d);
         }
         if d.release {
-            if let Outcome::Panic(m) = self.release() {
-                return Outcome::Panic(m);
+            if let p @ Outcome::Panic(_) = self.release() {
+                return p;
             }
         }
         if d.confirm_panic {
-            return Outcome::Panic("confirm panics");
+            return Outcome::Panic("confirm panics".into());
         }
         match d.misuse {
-            Some(m) => Outcome::Panic(m),
+            Some(m) => Outcome::Panic(m.into()),
             None => Outcome::Done,
         }
     }
@@ -322,7 +323,7 @@ impl Model {
             return Outcome::Err(Error::ReinitNotAllowed { op });
         }
         if self.a + 1 > MAX {
-            return Outcome::Panic("overflow");
+            return Outcome::Panic("overflow".into());
         }
         self.a += 1;
         self.dead = false;
@@ -392,13 +393,13 @@ fn run(backend: Backend, flags: InitFlags, release_panics: bool, ops: &[Op]) {
                 .cloned()
                 .or_else(|| e.downcast_ref::<&str>().map(|s| s.to_string()))
                 .unwrap_or_default();
-            Outcome::Panic(Box::leak(msg.into_boxed_str()))
+            Outcome::Panic(msg.into())
         });
         let ctx = || format!("{backend} {flags:?} step {i} {op:?}; model {m:?}");
         match (&expected, &got) {
             (Outcome::Panic(want), Outcome::Panic(msg)) => {
                 assert!(
-                    msg.contains(want),
+                    msg.contains(&**want),
                     "{}: panic {msg:?}, wanted {want:?}",
                     ctx()
                 )
