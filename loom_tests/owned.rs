@@ -149,6 +149,32 @@ fn freeze_races_tryget_live() {
     });
 }
 
+/// A lookup with `tryget` (not `tryget_live`) races a freeze/unfreeze.
+/// `tryget` succeeds on the atomic path as soon as the unfreeze has put the
+/// new base reference back, before the mode word goes percpu: it must then
+/// see the writes made through the `Frozen` guard (the revival's add is a
+/// release, the tryget's CAS an acquire). Fails on the mutant
+/// `revive_base_ref_relaxed` with a causality violation on the cells.
+#[test]
+fn freeze_races_tryget() {
+    loom::model(|| {
+        let (v, d) = Checked::new(30);
+        let mut owner = Owner::new(v);
+        let weak = owner.downgrade();
+        let t = thread::spawn(move || {
+            if let Some(r) = weak.tryget() {
+                let x = r.read();
+                assert!(x == 30 || x == 31, "saw {x}");
+            }
+        });
+        owner.freeze().bump();
+        assert_eq!(owner.read(), 31);
+        t.join().unwrap();
+        drop(owner);
+        assert_eq!(drops(&d), 1);
+    });
+}
+
 /// A non-blocking freeze (`freeze_timeout(0)`) races the last `Ref`'s drop:
 /// either it freezes (the drop came first, or the count reached zero while
 /// it gave up), or it undoes the freeze with the count intact. Either way

@@ -152,9 +152,14 @@ impl AtomicCount {
         let mut cur = self.value.load(Ordering::Relaxed);
         loop {
             let new = checked_add(cur, n).ok_or(AddOutcome::Overflow { count: cur })?;
+            // mutant revive_base_ref_relaxed: the revival publishes nothing.
+            #[cfg(not(percpu_ref_mutant = "revive_base_ref_relaxed"))]
+            let success = Ordering::Release;
+            #[cfg(percpu_ref_mutant = "revive_base_ref_relaxed")]
+            let success = Ordering::Relaxed;
             match self
                 .value
-                .compare_exchange_weak(cur, new, Ordering::Release, Ordering::Relaxed)
+                .compare_exchange_weak(cur, new, success, Ordering::Relaxed)
             {
                 Ok(_) => return Ok(cur),
                 Err(actual) => cur = actual,

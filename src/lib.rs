@@ -78,12 +78,44 @@
 //! of the process's threads). Each ref costs 8 bytes per possible CPU plus
 //! 72 bytes. The README has the tables and the commands that measure them.
 //!
+//! # Reliability
+//!
+//! What holds whatever safe code does (each item is tested; the README's
+//! *Reliability* section names the tests):
+//!
+//! - **No undefined behaviour from safe code.** Misuse gets an [`Error`]
+//!   that names the operation, or a panic that names the operation and
+//!   the count; nothing is corrupted.
+//! - **`release` runs exactly once per life and never before `confirm`,**
+//!   also when `confirm` or `release` panics: a panicking `confirm` is
+//!   caught, the switch completes (fold, base and temporary references
+//!   put, release if due), and the panic is then resumed on the caller. A
+//!   released ref stays released until [`reinit`](PercpuRef::reinit):
+//!   [`switch_to_percpu`](PercpuRef::switch_to_percpu) refuses it
+//!   ([`Error::Released`]) and `tryget` keeps failing.
+//! - **The count never wraps.** Every `n` up to `2^62 - 1` counts exactly
+//!   on every backend (`_many` calls with `n >= 2^16` take the atomic
+//!   path). An add past `2^62 - 1` references panics as an overflow and
+//!   changes nothing, as `Arc` aborts; in atomic mode so does a put below
+//!   zero. Misuse the per-CPU counters hide (an underflow in percpu mode)
+//!   is found by the next switch, which panics after completing; the ref
+//!   is then *miscounted*: it never releases and stays atomic
+//!   ([`Error::Miscounted`]).
+//! - **A refused grace period changes nothing.** If the kernel refuses
+//!   `membarrier` after start-up (a seccomp filter installed later, on one
+//!   thread), the switch is undone before anything was summed:
+//!   [`kill`](PercpuRef::kill) returns [`Error::GracePeriodFailed`] and
+//!   [`switch_to_atomic`](PercpuRef::switch_to_atomic) panics, with the ref
+//!   exactly as it was.
+//!
 //! # Limitations
 //!
 //! - Switches are synchronous: `kill` and `switch_to_atomic` return after
 //!   the grace period and `confirm`. They are meant to be rare.
 //! - In percpu mode an underflow cannot be seen until the next switch to
-//!   atomic mode; it is then reported by a panic.
+//!   atomic mode; it is then reported by a panic. So is an overflow made
+//!   of more than 2^46 per-CPU calls; one of more than about 2^47 such
+//!   calls between two switches would read as an underflow.
 //! - Dropping a `PercpuRef` does not run `release` (as `percpu_ref_exit`).
 //!
 //! # Example

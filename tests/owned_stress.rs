@@ -12,13 +12,16 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Barrier, RwLock};
 use std::time::Duration;
 
-const THREADS: usize = 16;
+/// More threads than cores; Miri runs a few (it is ~10^4 times slower).
+const THREADS: usize = if cfg!(miri) { 3 } else { 16 };
 const WORDS: usize = 8;
 const POISON: u64 = 0xdead_dead_dead_dead;
 
 /// Ops per worker thread: ~10^6 in total in release, less in debug.
 fn ops_per_thread() -> usize {
-    if cfg!(debug_assertions) {
+    if cfg!(miri) {
+        150
+    } else if cfg!(debug_assertions) {
         5_000
     } else {
         100_000
@@ -28,7 +31,9 @@ fn ops_per_thread() -> usize {
 /// Freezes (or kills) the background thread must complete while the
 /// workers run: workers keep going until it has.
 fn min_events() -> usize {
-    if cfg!(debug_assertions) {
+    if cfg!(miri) {
+        3
+    } else if cfg!(debug_assertions) {
         100
     } else {
         300
