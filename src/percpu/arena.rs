@@ -23,13 +23,29 @@
 //! - Chunks are allocated lazily (zeroed, so untouched pages cost nothing
 //!   until used) and never freed: a pointer into the arena stays valid for
 //!   the life of the process.
-//! - Sized by [`possible_cpus`], never by the CPUs this process may run on:
-//!   every `cpu_id` the kernel can report indexes a region.
+//! - Every chunk has the same number of regions, [`arena_cpus`]: read once
+//!   from [`possible_cpus`] (never from the CPUs this process may run on)
+//!   and fixed for the life of the process. [`Slot::sum`] and [`Slot::zero`]
+//!   cover exactly those regions, and the rseq fast path is given the same
+//!   number as its bound ([`fast_path_cpus`]).
+//!
+//! # What the sizing trusts
+//!
+//! The possible-CPU count is trusted for *speed*, never for *memory
+//! safety*. It normally covers every `cpu_id` the kernel can report, so
+//! every CPU counts in its own region. But it can be under-reported: a
+//! container that hides or trims `/sys/devices/system/cpu/possible` (and
+//! `/proc/stat`, `/proc/cpuinfo`) makes `sysconf` fall back to the
+//! affinity count, so a process allowed on CPU 1 alone may believe there is
+//! one CPU. The fast path therefore compares `cpu_id` with
+//! [`fast_path_cpus`] inside the critical section and takes the atomic path
+//! for any id at or above it: a wrong count costs speed (operations on the
+//! CPUs above it are atomic), never a write outside a chunk.
 
 use super::cpus::possible_cpus;
 use std::alloc::{self, Layout};
 use std::ptr::NonNull;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::Mutex;
 
 /// log2 of [`REGION`].
@@ -65,8 +81,43 @@ fn arena() -> std::sync::MutexGuard<'static, Arena> {
     ARENA.lock().unwrap_or_else(|p| p.into_inner())
 }
 
+/// The number of regions in every chunk; 0 until [`arena_cpus`] first ran.
+static CPUS: AtomicU32 = AtomicU32::new(0);
+
+/// The number of per-CPU regions in every chunk of the arena: CPU ids
+/// `0..arena_cpus()` have a counter, no other id has one.
+///
+/// Taken once from [`possible_cpus`] (clamped to `1..=i32::MAX`, so that
+/// the fast path's unsigned compare also rejects every negative `cpu_id`)
+/// and never changed, so chunk sizes, sums, resets and the fast path's
+/// bound all agree.
+pub(crate) fn arena_cpus() -> usize {
+    let n = CPUS.load(Ordering::Relaxed);
+    if n != 0 {
+        return n as usize;
+    }
+    let want = possible_cpus().clamp(1, i32::MAX as usize) as u32;
+    // The first value stored wins (every caller computes the same one).
+    match CPUS.compare_exchange(0, want, Ordering::Relaxed, Ordering::Relaxed) {
+        Ok(_) => want as usize,
+        Err(first) => first as usize,
+    }
+}
+
+/// The fast path's bound: a `cpu_id` at or above it has no region and must
+/// take the atomic path.
+///
+/// The same number as [`arena_cpus`], read without initialising: it is set
+/// before the first chunk is allocated, so every thread that holds a
+/// [`Slot`] (received through whatever synchronisation handed it the ref)
+/// reads the final value. One relaxed load of a read-mostly static.
+#[inline(always)]
+pub(crate) fn fast_path_cpus() -> u32 {
+    CPUS.load(Ordering::Relaxed)
+}
+
 fn chunk_layout() -> Layout {
-    let bytes = possible_cpus()
+    let bytes = arena_cpus()
         .checked_mul(REGION)
         .expect("percpu_ref: arena chunk size overflows usize");
     Layout::from_size_align(bytes, REGION).expect("percpu_ref: arena chunk layout")
@@ -129,7 +180,10 @@ impl Slot {
     }
 
     fn counter(&self, cpu: usize) -> &AtomicU64 {
-        debug_assert!(cpu < possible_cpus());
+        assert!(
+            cpu < arena_cpus(),
+            "percpu_ref: CPU {cpu} has no arena region"
+        );
         // SAFETY: `cpu` indexes a region of this slot's chunk, the address
         // is 8-byte aligned, and arena memory lives for the whole process.
         // Concurrent writers are only rseq sections on that CPU, which the
@@ -138,16 +192,22 @@ impl Slot {
         unsafe { AtomicU64::from_ptr(self.base.as_ptr().add(cpu * REGION).cast()) }
     }
 
-    /// The wrapping sum of this slot over every possible CPU.
+    /// This slot's counter on `cpu` (`cpu < arena_cpus()`).
+    #[cfg(test)]
+    pub(crate) fn load(&self, cpu: usize) -> u64 {
+        self.counter(cpu).load(Ordering::Relaxed)
+    }
+
+    /// The wrapping sum of this slot over every region of its chunk.
     pub(crate) fn sum(&self) -> u64 {
-        (0..possible_cpus()).fold(0u64, |s, cpu| {
+        (0..arena_cpus()).fold(0u64, |s, cpu| {
             s.wrapping_add(self.counter(cpu).load(Ordering::Relaxed))
         })
     }
 
-    /// Zeroes this slot on every possible CPU.
+    /// Zeroes this slot in every region of its chunk.
     pub(crate) fn zero(&self) {
-        for cpu in 0..possible_cpus() {
+        for cpu in 0..arena_cpus() {
             self.counter(cpu).store(0, Ordering::Relaxed);
         }
     }
@@ -178,7 +238,8 @@ pub struct ArenaStats {
     pub chunks: usize,
     /// Bytes of all chunks (`chunks * possible_cpus * REGION`).
     pub reserved_bytes: usize,
-    /// Bytes one slot costs: 8 per possible CPU.
+    /// Bytes one slot costs: 8 per possible CPU (the number of regions in a
+    /// chunk).
     pub bytes_per_slot: usize,
 }
 
@@ -205,8 +266,8 @@ pub fn arena_stats() -> ArenaStats {
         free_slots: a.free.len(),
         unused_slots: capacity - a.fresh_next,
         chunks: a.chunks.len(),
-        reserved_bytes: a.chunks.len() * possible_cpus() * REGION,
-        bytes_per_slot: 8 * possible_cpus(),
+        reserved_bytes: a.chunks.len() * arena_cpus() * REGION,
+        bytes_per_slot: 8 * arena_cpus(),
     }
 }
 
@@ -219,10 +280,10 @@ mod tests {
         let a = Slot::alloc();
         let b = Slot::alloc();
         assert_ne!(a.base(), b.base());
-        for cpu in 0..possible_cpus() {
+        for cpu in 0..arena_cpus() {
             a.counter(cpu).store(cpu as u64 + 5, Ordering::Relaxed);
         }
-        let n = possible_cpus() as u64;
+        let n = arena_cpus() as u64;
         assert_eq!(a.sum(), n * 5 + n * (n - 1) / 2);
         assert_eq!(b.sum(), 0, "neighbouring slot untouched");
         drop(a);
