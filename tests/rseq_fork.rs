@@ -1,16 +1,67 @@
 //! The rseq backend in a forked child.
 //!
-//! The parent chose the backend (and registered for the membarrier RSEQ
-//! command) before forking. The child has a new address space: the test
-//! checks that its grace periods still work (re-registering when the
-//! kernel refused the command) and its counts stay exact with threads of
-//! its own. One test in this binary, so no other test thread holds a lock
-//! at the fork.
+//! `rseq_backend_works_in_a_forked_child`: the parent chose the backend
+//! (and registered for the membarrier RSEQ command) before forking. The
+//! child has a new address space: the test checks that its grace periods
+//! still work (re-registering when the kernel refused the command) and its
+//! counts stay exact with threads of its own.
+//!
+//! `fork_while_another_thread_allocates_and_drops_refs`: a fork must never
+//! leave the arena's lock held by a thread that the child does not have
+//! (issue 10, item 13: the child used to deadlock at its first ref alloc
+//! or drop).
+//!
+//! Both skip, saying why, when the rseq backend is unavailable (e.g.
+//! `GLIBC_TUNABLES=glibc.pthread.rseq=0`).
 #![cfg(percpu_ref_rseq)]
 
 use percpu_ref::{backend, Backend, InitFlags, PercpuRef};
-use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::SeqCst};
 use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// Whether the rseq tests can run here; prints why not.
+fn rseq_or_skip() -> bool {
+    let ok = Backend::Rseq.is_available();
+    if !ok {
+        eprintln!(
+            "skipped: the rseq backend is not available in this process (glibc without an \
+             rseq registration, e.g. GLIBC_TUNABLES=glibc.pthread.rseq=0 or valgrind, or no \
+             membarrier RSEQ support)"
+        );
+    }
+    ok
+}
+
+/// A ref on the rseq backend.
+fn rseq_ref() -> PercpuRef {
+    PercpuRef::with_backend(|_| {}, InitFlags::empty(), Backend::Rseq).unwrap()
+}
+
+/// Waits for child `pid` at most `timeout`; its wait status, or `None` if
+/// it was still running (it is then killed and reaped).
+fn wait_or_kill(pid: libc::pid_t, timeout: Duration) -> Option<libc::c_int> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        let mut status = 0;
+        // SAFETY: waits for our own child without blocking.
+        let r = unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) };
+        assert!(r >= 0, "waitpid: {}", std::io::Error::last_os_error());
+        if r == pid {
+            return Some(status);
+        }
+        if Instant::now() >= deadline {
+            // SAFETY: kills and reaps our own child.
+            unsafe {
+                libc::kill(pid, libc::SIGKILL);
+                libc::waitpid(pid, &mut status, 0);
+            }
+            return None;
+        }
+        std::thread::sleep(Duration::from_micros(200));
+    }
+}
 
 const THREADS: usize = 8;
 const PAIRS: usize = if cfg!(debug_assertions) {
@@ -69,12 +120,19 @@ fn child() -> i32 {
 
 #[test]
 fn rseq_backend_works_in_a_forked_child() {
+    if !rseq_or_skip() {
+        return;
+    }
+    if backend() != Backend::Rseq {
+        eprintln!("skipped: PERCPU_REF_BACKEND chose {}", backend());
+        return;
+    }
     // Choose the backend and register in the parent, before the fork.
-    assert_eq!(backend(), Backend::Rseq);
     let r = PercpuRef::new(|_| {});
     r.kill().unwrap();
-    // SAFETY: the child runs only this crate's code and std threads; no
-    // lock of this process is held across the fork (one test per binary).
+    // SAFETY: the child runs only this crate's code and std threads, which
+    // hold no lock across a fork (the other test of this binary may be
+    // allocating refs meanwhile: that is what the crate makes safe).
     let pid = unsafe { libc::fork() };
     assert!(pid >= 0, "fork failed: {}", std::io::Error::last_os_error());
     if pid == 0 {
@@ -97,4 +155,84 @@ fn rseq_backend_works_in_a_forked_child() {
     r.get();
     r.kill().unwrap();
     assert_eq!(r.atomic_count(), Some(1));
+}
+
+/// Forks while it is being hammered.
+const FORKS: usize = 200;
+/// A child does a few microseconds of work; far more means it hangs.
+const CHILD_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Forks `FORKS` times while another thread allocates and drops refs in a
+/// loop (so the arena's lock is often held at the fork); each child
+/// allocates, uses and drops refs, then `_exit(0)`s. A child that does not
+/// exit within `CHILD_TIMEOUT` deadlocked: it is killed and the test fails.
+#[test]
+fn fork_while_another_thread_allocates_and_drops_refs() {
+    if !rseq_or_skip() {
+        return;
+    }
+    drop(rseq_ref()); // the arena exists before the first fork
+    let stop = AtomicBool::new(false);
+    let churned = AtomicUsize::new(0);
+    let outcome = std::thread::scope(|s| {
+        s.spawn(|| {
+            let mut keep = VecDeque::new();
+            while !stop.load(SeqCst) {
+                let r = rseq_ref();
+                r.get();
+                r.put();
+                keep.push_back(r);
+                if keep.len() > 16 {
+                    keep.pop_front();
+                }
+                churned.fetch_add(1, SeqCst);
+            }
+        });
+        while churned.load(SeqCst) < 1000 {
+            std::thread::yield_now();
+        }
+        let mut outcome = Ok(());
+        for i in 0..FORKS {
+            // SAFETY: the child runs only this crate's code on this thread
+            // and leaves with _exit; the crate's locks are fork-safe.
+            let pid = unsafe { libc::fork() };
+            assert!(pid >= 0, "fork failed: {}", std::io::Error::last_os_error());
+            if pid == 0 {
+                let ok = std::panic::catch_unwind(|| {
+                    let r = rseq_ref(); // alloc
+                    r.get_many(3);
+                    r.put_many(3);
+                    r.kill().unwrap();
+                    assert_eq!(r.atomic_count(), Some(0));
+                    drop(r); // drop
+                    drop(rseq_ref());
+                })
+                .is_ok();
+                // SAFETY: ends the child without running the parent's
+                // atexit handlers or test harness.
+                unsafe { libc::_exit(if ok { 0 } else { 1 }) };
+            }
+            match wait_or_kill(pid, CHILD_TIMEOUT) {
+                Some(st) if libc::WIFEXITED(st) && libc::WEXITSTATUS(st) == 0 => {}
+                Some(st) => {
+                    outcome = Err(format!("child {i} failed: wait status {st:#x}"));
+                    break;
+                }
+                None => {
+                    outcome = Err(format!(
+                        "child {i} hung for {CHILD_TIMEOUT:?} (deadlocked at its first ref \
+                         alloc or drop?) and was killed"
+                    ));
+                    break;
+                }
+            }
+        }
+        stop.store(true, SeqCst);
+        outcome
+    });
+    outcome.unwrap();
+    eprintln!(
+        "{FORKS} forks while another thread made and dropped {} refs",
+        churned.load(SeqCst)
+    );
 }

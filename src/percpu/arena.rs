@@ -41,12 +41,26 @@
 //! [`fast_path_cpus`] inside the critical section and takes the atomic path
 //! for any id at or above it: a wrong count costs speed (operations on the
 //! CPUs above it are atomic), never a write outside a chunk.
+//!
+//! # Fork
+//!
+//! The bookkeeping (chunks, free list) sits behind a small spin lock of our
+//! own rather than a `std::sync::Mutex`, so that it can be taken around a
+//! `fork`: `pthread_atfork` handlers, registered before the lock is first
+//! taken, acquire it in the forking thread before the fork and release it
+//! in the parent and in the child afterwards. A fork therefore never
+//! happens while another thread holds it, and the child (which has only the
+//! forking thread) finds it free: its first ref alloc or drop cannot
+//! deadlock. (A `Mutex` held by another thread at the fork stays locked
+//! forever in the child.) The lock is held only for a few bookkeeping steps
+//! and, once per chunk, an allocation; waiters spin briefly, then yield.
 
 use super::cpus::possible_cpus;
 use std::alloc::{self, Layout};
+use std::cell::UnsafeCell;
+use std::ops::{Deref, DerefMut};
 use std::ptr::NonNull;
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
-use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 
 /// log2 of [`REGION`].
 pub(crate) const REGION_SHIFT: u32 = 12;
@@ -64,21 +78,129 @@ struct Arena {
     live: usize,
 }
 
-// SAFETY: the chunk pointers are plain heap memory owned by the arena; all
-// access to the bookkeeping goes through the mutex.
-unsafe impl Send for Arena {}
+/// The arena's bookkeeping and the lock that guards it (see "Fork" above).
+struct ArenaLock {
+    held: AtomicBool,
+    arena: UnsafeCell<Arena>,
+}
 
-static ARENA: Mutex<Arena> = Mutex::new(Arena {
-    chunks: Vec::new(),
-    free: Vec::new(),
-    fresh_next: 0,
-    live: 0,
-});
+// SAFETY: `arena` is only reached through an `ArenaGuard`, and at most one
+// guard exists at a time (`held`); the chunk pointers in it are plain heap
+// memory owned by the arena, usable from any thread.
+unsafe impl Sync for ArenaLock {}
 
-fn arena() -> std::sync::MutexGuard<'static, Arena> {
-    // The bookkeeping is updated only after every fallible step, so a
-    // poisoned lock holds no broken invariant.
-    ARENA.lock().unwrap_or_else(|p| p.into_inner())
+static ARENA: ArenaLock = ArenaLock {
+    held: AtomicBool::new(false),
+    arena: UnsafeCell::new(Arena {
+        chunks: Vec::new(),
+        free: Vec::new(),
+        fresh_next: 0,
+        live: 0,
+    }),
+};
+
+impl ArenaLock {
+    fn acquire(&self) {
+        let mut spins = 0u32;
+        while self
+            .held
+            .compare_exchange_weak(false, true, Ordering::Acquire, Ordering::Relaxed)
+            .is_err()
+        {
+            while self.held.load(Ordering::Relaxed) {
+                if spins < 100 {
+                    spins += 1;
+                    std::hint::spin_loop();
+                } else {
+                    std::thread::yield_now();
+                }
+            }
+        }
+    }
+
+    fn release(&self) {
+        self.held.store(false, Ordering::Release);
+    }
+}
+
+/// Exclusive access to the bookkeeping; releases the lock on drop (also
+/// when unwinding: the bookkeeping is updated only after every fallible
+/// step, so a panic under the lock leaves no broken invariant).
+struct ArenaGuard(());
+
+impl Deref for ArenaGuard {
+    type Target = Arena;
+    fn deref(&self) -> &Arena {
+        // SAFETY: this guard holds the lock, so no other reference to the
+        // bookkeeping exists.
+        unsafe { &*ARENA.arena.get() }
+    }
+}
+
+impl DerefMut for ArenaGuard {
+    fn deref_mut(&mut self) -> &mut Arena {
+        // SAFETY: as above; `&mut self` makes this the only access through
+        // the guard.
+        unsafe { &mut *ARENA.arena.get() }
+    }
+}
+
+impl Drop for ArenaGuard {
+    fn drop(&mut self) {
+        ARENA.release();
+    }
+}
+
+fn arena() -> ArenaGuard {
+    fork_handlers_registered();
+    ARENA.acquire();
+    ArenaGuard(())
+}
+
+/// Nesting depth of the `prepare` handler in the forking thread: the
+/// handlers may be registered more than once (see
+/// [`fork_handlers_registered`]), and only the outermost takes the lock.
+/// Only a forking thread touches it, and glibc runs one fork's handlers at
+/// a time.
+static FORK_DEPTH: AtomicUsize = AtomicUsize::new(0);
+/// Set once `pthread_atfork` has returned successfully.
+static FORK_HANDLERS: AtomicBool = AtomicBool::new(false);
+
+extern "C" fn before_fork() {
+    if FORK_DEPTH.fetch_add(1, Ordering::Relaxed) == 0 {
+        ARENA.acquire();
+    }
+}
+
+extern "C" fn after_fork() {
+    if FORK_DEPTH.fetch_sub(1, Ordering::Relaxed) == 1 {
+        ARENA.release();
+    }
+}
+
+/// Registers the fork handlers unless that is known to be done; called
+/// before every acquisition of the lock, so the lock is never held without
+/// them being registered.
+///
+/// No lock (a `Once` would be one that a fork can leave taken): threads
+/// that race here may each register, which the depth count makes harmless.
+/// A fork that overlaps a registration is ordered with it by glibc's own
+/// fork lock, so either the fork runs the new handlers, or the
+/// registration, and the lock acquisition after it, happen after the fork
+/// in the parent and not at all in the child.
+fn fork_handlers_registered() {
+    if FORK_HANDLERS.load(Ordering::Acquire) {
+        return;
+    }
+    let (prepare, after): (unsafe extern "C" fn(), unsafe extern "C" fn()) =
+        (before_fork, after_fork);
+    // SAFETY: the handlers are plain functions that live for the whole
+    // process and only touch atomics. pthread_atfork fails only with
+    // ENOMEM; then the lock works as before but a fork may leave it held,
+    // and the next acquisition tries again.
+    if unsafe { libc::pthread_atfork(Some(prepare), Some(after), Some(after)) } == 0 {
+        FORK_HANDLERS.store(true, Ordering::Release);
+    }
 }
 
 /// The number of regions in every chunk; 0 until [`arena_cpus`] first ran.

@@ -41,6 +41,18 @@
 //! operation loads the bound from a read-mostly static (one relaxed load
 //! that stays in cache) and keeps it in a register.
 //!
+//! # Threads
+//!
+//! Every thread that uses a ref must have been made by the C library
+//! (`pthread_create`) or by Rust's `std::thread`, so that it has its own
+//! rseq area registered by glibc (or none, and `cpu_id` < 0). A thread made
+//! with a raw `clone` system call shares its parent's area (or has an
+//! unregistered copy whose `cpu_id` is stale): the kernel does not know it
+//! runs a critical section, never aborts it, and its add could commit on a
+//! CPU it no longer runs on, racing with that CPU's own adds or with a
+//! switch's sum. That cannot be detected cheaply, so it is a documented
+//! requirement.
+//!
 //! # Why a switch is exact
 //!
 //! The switcher stores `MODE_ATOMIC`, then waits out

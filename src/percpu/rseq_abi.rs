@@ -17,6 +17,15 @@
 //! read only) and `rseq_cs` (u64 at 8, written by the fast path). The
 //! kernel owns every other field; nothing here writes them.
 //!
+//! Requirement: every thread that uses a ref comes from the C library
+//! (`pthread_create`) or Rust's `std::thread`, so that glibc registered its
+//! own area (or none: then `cpu_id` is negative and the thread takes the
+//! atomic path). A thread made with a raw `clone` system call shares its
+//! creator's area or has an unregistered copy with a stale `cpu_id`: the
+//! kernel never aborts its critical sections, so it could commit a per-CPU
+//! add on a CPU it no longer runs on, or after a grace period. This cannot
+//! be detected cheaply; it is documented instead.
+//!
 //! # The grace period
 //!
 //! `membarrier(MEMBARRIER_CMD_PRIVATE_EXPEDITED_RSEQ)` interrupts every CPU
