@@ -11,7 +11,7 @@
 //! (issue 10, item 13: the child used to deadlock at its first ref alloc
 //! or drop).
 //!
-//! Both skip, saying why, when the rseq backend is unavailable (e.g.
+//! All skip, saying why, when the rseq backend is unavailable (e.g.
 //! `GLIBC_TUNABLES=glibc.pthread.rseq=0`).
 #![cfg(percpu_ref_rseq)]
 
@@ -157,15 +157,48 @@ fn rseq_backend_works_in_a_forked_child() {
     assert_eq!(r.atomic_count(), Some(1));
 }
 
-/// Forks while it is being hammered.
+/// Forks while the arena is being hammered, from two threads at once.
 const FORKS: usize = 200;
 /// A child does a few microseconds of work; far more means it hangs.
 const CHILD_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// Forks `FORKS` times while another thread allocates and drops refs in a
-/// loop (so the arena's lock is often held at the fork); each child
-/// allocates, uses and drops refs, then `_exit(0)`s. A child that does not
-/// exit within `CHILD_TIMEOUT` deadlocked: it is killed and the test fails.
+/// Forks once; the child allocates, uses and drops refs, then `_exit`s.
+/// `Err` when the child failed or hung (it is then killed).
+fn fork_a_child_that_uses_refs(i: usize) -> Result<(), String> {
+    // SAFETY: the child runs only this crate's code on this thread and
+    // leaves with _exit; the crate's locks are fork-safe.
+    let pid = unsafe { libc::fork() };
+    assert!(pid >= 0, "fork failed: {}", std::io::Error::last_os_error());
+    if pid == 0 {
+        let ok = std::panic::catch_unwind(|| {
+            let r = rseq_ref(); // alloc
+            r.get_many(3);
+            r.put_many(3);
+            r.kill().unwrap();
+            assert_eq!(r.atomic_count(), Some(0));
+            drop(r); // drop
+            drop(rseq_ref());
+        })
+        .is_ok();
+        // SAFETY: ends the child without running the parent's atexit
+        // handlers or test harness.
+        unsafe { libc::_exit(if ok { 0 } else { 1 }) };
+    }
+    match wait_or_kill(pid, CHILD_TIMEOUT) {
+        Some(st) if libc::WIFEXITED(st) && libc::WEXITSTATUS(st) == 0 => Ok(()),
+        Some(st) => Err(format!("child {i} failed: wait status {st:#x}")),
+        None => Err(format!(
+            "child {i} hung for {CHILD_TIMEOUT:?} (deadlocked at its first ref alloc or \
+             drop?) and was killed"
+        )),
+    }
+}
+
+/// Forks `FORKS` times, from two threads at once, while a third allocates
+/// and drops refs in a loop (so the arena's lock is often held at a fork,
+/// and forks overlap); each child allocates, uses and drops refs, then
+/// `_exit(0)`s. A child that does not exit within `CHILD_TIMEOUT`
+/// deadlocked: it is killed and the test fails.
 #[test]
 fn fork_while_another_thread_allocates_and_drops_refs() {
     if !rseq_or_skip() {
@@ -174,7 +207,7 @@ fn fork_while_another_thread_allocates_and_drops_refs() {
     drop(rseq_ref()); // the arena exists before the first fork
     let stop = AtomicBool::new(false);
     let churned = AtomicUsize::new(0);
-    let outcome = std::thread::scope(|s| {
+    let outcomes: Vec<Result<(), String>> = std::thread::scope(|s| {
         s.spawn(|| {
             let mut keep = VecDeque::new();
             while !stop.load(SeqCst) {
@@ -191,48 +224,22 @@ fn fork_while_another_thread_allocates_and_drops_refs() {
         while churned.load(SeqCst) < 1000 {
             std::thread::yield_now();
         }
-        let mut outcome = Ok(());
-        for i in 0..FORKS {
-            // SAFETY: the child runs only this crate's code on this thread
-            // and leaves with _exit; the crate's locks are fork-safe.
-            let pid = unsafe { libc::fork() };
-            assert!(pid >= 0, "fork failed: {}", std::io::Error::last_os_error());
-            if pid == 0 {
-                let ok = std::panic::catch_unwind(|| {
-                    let r = rseq_ref(); // alloc
-                    r.get_many(3);
-                    r.put_many(3);
-                    r.kill().unwrap();
-                    assert_eq!(r.atomic_count(), Some(0));
-                    drop(r); // drop
-                    drop(rseq_ref());
-                })
-                .is_ok();
-                // SAFETY: ends the child without running the parent's
-                // atexit handlers or test harness.
-                unsafe { libc::_exit(if ok { 0 } else { 1 }) };
-            }
-            match wait_or_kill(pid, CHILD_TIMEOUT) {
-                Some(st) if libc::WIFEXITED(st) && libc::WEXITSTATUS(st) == 0 => {}
-                Some(st) => {
-                    outcome = Err(format!("child {i} failed: wait status {st:#x}"));
-                    break;
-                }
-                None => {
-                    outcome = Err(format!(
-                        "child {i} hung for {CHILD_TIMEOUT:?} (deadlocked at its first ref \
-                         alloc or drop?) and was killed"
-                    ));
-                    break;
-                }
-            }
-        }
+        let forker = |first: usize| {
+            (first..FORKS)
+                .step_by(2)
+                .try_for_each(fork_a_child_that_uses_refs)
+        };
+        let other = s.spawn(move || forker(1));
+        let mine = forker(0);
+        let other = other.join().unwrap();
         stop.store(true, SeqCst);
-        outcome
+        vec![mine, other]
     });
-    outcome.unwrap();
+    for o in outcomes {
+        o.unwrap();
+    }
     eprintln!(
-        "{FORKS} forks while another thread made and dropped {} refs",
+        "{FORKS} forks from two threads while another made and dropped {} refs",
         churned.load(SeqCst)
     );
 }

@@ -46,21 +46,22 @@
 //!
 //! The bookkeeping (chunks, free list) sits behind a small spin lock of our
 //! own rather than a `std::sync::Mutex`, so that it can be taken around a
-//! `fork`: `pthread_atfork` handlers, registered before the lock is first
-//! taken, acquire it in the forking thread before the fork and release it
-//! in the parent and in the child afterwards. A fork therefore never
-//! happens while another thread holds it, and the child (which has only the
-//! forking thread) finds it free: its first ref alloc or drop cannot
-//! deadlock. (A `Mutex` held by another thread at the fork stays locked
-//! forever in the child.) The lock is held only for a few bookkeeping steps
-//! and, once per chunk, an allocation; waiters spin briefly, then yield.
+//! `fork`: `pthread_atfork` handlers, registered when the program is
+//! loaded (an `.init_array` entry, so before any thread can take the lock),
+//! acquire it in the forking thread before the fork and release it in the
+//! parent and in the child afterwards. A fork therefore never happens while
+//! another thread holds it, and the child (which has only the forking
+//! thread) finds it free: its first ref alloc or drop cannot deadlock. (A
+//! `Mutex` held by another thread at the fork stays locked forever in the
+//! child.) The lock is held only for a few bookkeeping steps and, once per
+//! chunk, an allocation; waiters spin briefly, then yield.
 
 use super::cpus::possible_cpus;
 use std::alloc::{self, Layout};
 use std::cell::UnsafeCell;
 use std::ops::{Deref, DerefMut};
 use std::ptr::NonNull;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 
 /// log2 of [`REGION`].
 pub(crate) const REGION_SHIFT: u32 = 12;
@@ -152,56 +153,45 @@ impl Drop for ArenaGuard {
 }
 
 fn arena() -> ArenaGuard {
-    fork_handlers_registered();
     ARENA.acquire();
     ArenaGuard(())
 }
 
-/// Nesting depth of the `prepare` handler in the forking thread: the
-/// handlers may be registered more than once (see
-/// [`fork_handlers_registered`]), and only the outermost takes the lock.
-/// Only a forking thread touches it, and glibc runs one fork's handlers at
-/// a time.
-static FORK_DEPTH: AtomicUsize = AtomicUsize::new(0);
-/// Set once `pthread_atfork` has returned successfully.
+/// Whether `pthread_atfork` accepted the handlers (at load time).
 static FORK_HANDLERS: AtomicBool = AtomicBool::new(false);
 
+/// Runs in the forking thread before the fork: waits until no other thread
+/// holds the lock and takes it. Two threads forking at once are serialised
+/// here (glibc does not hold its own lock while it runs the handlers).
 extern "C" fn before_fork() {
-    if FORK_DEPTH.fetch_add(1, Ordering::Relaxed) == 0 {
-        ARENA.acquire();
-    }
+    ARENA.acquire();
 }
 
+/// Runs in the parent and in the child after the fork: releases the lock
+/// taken by [`before_fork`] (in the child, on behalf of its only thread).
 extern "C" fn after_fork() {
-    if FORK_DEPTH.fetch_sub(1, Ordering::Relaxed) == 1 {
-        ARENA.release();
-    }
+    ARENA.release();
 }
 
-/// Registers the fork handlers unless that is known to be done; called
-/// before every acquisition of the lock, so the lock is never held without
-/// them being registered.
-///
-/// No lock (a `Once` would be one that a fork can leave taken): threads
-/// that race here may each register, which the depth count makes harmless.
-/// A fork that overlaps a registration is ordered with it by glibc's own
-/// fork lock, so either the fork runs the new handlers, or the
-/// registration, and the lock acquisition after it, happen after the fork
-/// in the parent and not at all in the child.
-fn fork_handlers_registered() {
-    if FORK_HANDLERS.load(Ordering::Acquire) {
-        return;
-    }
+/// Registers the fork handlers exactly once, when the program (or the
+/// library, through `dlopen`) is loaded: the loader runs `.init_array`
+/// entries on one thread, before `main` and before any code of this crate
+/// can take the lock. Registering later, at first use, would leave a
+/// window: a fork that had already listed the handlers (without ours) could
+/// happen while another thread, just registered, holds the lock.
+extern "C" fn register_fork_handlers() {
     let (prepare, after): (unsafe extern "C" fn(), unsafe extern "C" fn()) =
         (before_fork, after_fork);
     // SAFETY: the handlers are plain functions that live for the whole
-    // process and only touch atomics. pthread_atfork fails only with
-    // ENOMEM; then the lock works as before but a fork may leave it held,
-    // and the next acquisition tries again.
-    if unsafe { libc::pthread_atfork(Some(prepare), Some(after), Some(after)) } == 0 {
-        FORK_HANDLERS.store(true, Ordering::Release);
-    }
+    // process and only touch the lock's atomic. pthread_atfork fails only
+    // with ENOMEM; then forks are not protected (FORK_HANDLERS says so).
+    let ok = unsafe { libc::pthread_atfork(Some(prepare), Some(after), Some(after)) } == 0;
+    FORK_HANDLERS.store(ok, Ordering::Relaxed);
 }
+
+#[used]
+#[link_section = ".init_array"]
+static REGISTER_FORK_HANDLERS: extern "C" fn() = register_fork_handlers;
 
 /// The number of regions in every chunk; 0 until [`arena_cpus`] first ran.
 static CPUS: AtomicU32 = AtomicU32::new(0);
@@ -396,6 +386,13 @@ pub fn arena_stats() -> ArenaStats {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The `.init_array` entry survived linking and registered the fork
+    /// handlers before `main`.
+    #[test]
+    fn fork_handlers_are_registered_at_load() {
+        assert!(FORK_HANDLERS.load(Ordering::Relaxed));
+    }
 
     #[test]
     fn reused_slot_is_zeroed_and_distinct() {
