@@ -147,8 +147,32 @@ pub fn backend() -> Backend {
     }
     #[cfg(not(loom))]
     {
-        static CHOSEN: std::sync::OnceLock<Backend> = std::sync::OnceLock::new();
-        *CHOSEN.get_or_init(detect_backend)
+        use std::sync::atomic::{AtomicU8, Ordering::Relaxed};
+        // 0 until chosen, then RSEQ or SHARDED. Not a `OnceLock`: a fork
+        // while another thread runs the detection would leave the child
+        // waiting for it forever. Racing threads each detect; the first
+        // choice stored is everyone's.
+        const RSEQ: u8 = 1;
+        const SHARDED: u8 = 2;
+        static CHOSEN: AtomicU8 = AtomicU8::new(0);
+        let chosen = match CHOSEN.load(Relaxed) {
+            0 => {
+                let mine = match detect_backend() {
+                    Backend::Rseq => RSEQ,
+                    Backend::Sharded => SHARDED,
+                };
+                match CHOSEN.compare_exchange(0, mine, Relaxed, Relaxed) {
+                    Ok(_) => mine,
+                    Err(first) => first,
+                }
+            }
+            c => c,
+        };
+        if chosen == RSEQ {
+            Backend::Rseq
+        } else {
+            Backend::Sharded
+        }
     }
 }
 

@@ -11,11 +11,15 @@
 //! (issue 10, item 13: the child used to deadlock at its first ref alloc
 //! or drop).
 //!
+//! `fork_during_first_detection`: the same for the process's one-time
+//! detection (backend, possible CPUs): a fork while another thread runs it
+//! must not leave the child waiting for it forever.
+//!
 //! All skip, saying why, when the rseq backend is unavailable (e.g.
 //! `GLIBC_TUNABLES=glibc.pthread.rseq=0`).
 #![cfg(percpu_ref_rseq)]
 
-use percpu_ref::{backend, Backend, InitFlags, PercpuRef};
+use percpu_ref::{backend, possible_cpus, Backend, InitFlags, PercpuRef};
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::SeqCst};
 use std::sync::Arc;
@@ -242,4 +246,84 @@ fn fork_while_another_thread_allocates_and_drops_refs() {
         "{FORKS} forks from two threads while another made and dropped {} refs",
         churned.load(SeqCst)
     );
+}
+
+/// Fresh processes (each detects once) in `fork_during_first_detection`.
+const DETECTION_RUNS: usize = 20;
+/// Set in the subprocesses of `fork_during_first_detection`.
+const DETECTION_CHILD: &str = "PERCPU_REF_FORK_DETECTION_CHILD";
+
+/// Runs in a fresh process, where nothing detected anything yet: one
+/// thread makes the first ref (detecting the backend, rseq and the possible
+/// CPUs) while this one forks as fast as it can; every child makes and
+/// drops a ref and must exit. Prints how many forks overlapped detection.
+#[test]
+fn detection_child() {
+    if std::env::var_os(DETECTION_CHILD).is_none() {
+        return; // only meaningful in `fork_during_first_detection`'s subprocesses
+    }
+    let done = AtomicBool::new(false);
+    let mut overlapped = 0usize;
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            drop(PercpuRef::new(|_| {}));
+            done.store(true, SeqCst);
+        });
+        while !done.load(SeqCst) {
+            // SAFETY: the child runs only this crate's code on this thread
+            // and leaves with _exit.
+            let pid = unsafe { libc::fork() };
+            assert!(pid >= 0, "fork failed: {}", std::io::Error::last_os_error());
+            if pid == 0 {
+                let ok = std::panic::catch_unwind(|| {
+                    let _ = (backend(), possible_cpus());
+                    drop(PercpuRef::new(|_| {}));
+                })
+                .is_ok();
+                // SAFETY: ends the child without running the harness.
+                unsafe { libc::_exit(if ok { 0 } else { 1 }) };
+            }
+            match wait_or_kill(pid, CHILD_TIMEOUT) {
+                Some(st) if libc::WIFEXITED(st) && libc::WEXITSTATUS(st) == 0 => overlapped += 1,
+                Some(st) => panic!("child failed: wait status {st:#x}"),
+                None => {
+                    done.store(true, SeqCst);
+                    panic!("a child forked during detection hung for {CHILD_TIMEOUT:?}")
+                }
+            }
+        }
+    });
+    println!("forks during detection: {overlapped}");
+}
+
+#[test]
+fn fork_during_first_detection() {
+    if std::env::var_os(DETECTION_CHILD).is_some() || !rseq_or_skip() {
+        return;
+    }
+    let mut overlapped = 0;
+    for run in 0..DETECTION_RUNS {
+        let out = std::process::Command::new(std::env::current_exe().unwrap())
+            .args([
+                "--exact",
+                "detection_child",
+                "--nocapture",
+                "--test-threads=1",
+            ])
+            .env(DETECTION_CHILD, "1")
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success() && text.contains("1 passed"),
+            "run {run}: {text}{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        overlapped += text
+            .split("forks during detection: ")
+            .nth(1)
+            .and_then(|rest| rest.split_whitespace().next()?.parse::<usize>().ok())
+            .expect("the child reports its forks");
+    }
+    eprintln!("{overlapped} forks overlapped a first detection in {DETECTION_RUNS} processes");
 }

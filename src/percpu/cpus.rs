@@ -45,8 +45,22 @@ pub fn possible_cpus() -> usize {
     }
     #[cfg(not(loom))]
     {
-        static N: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-        *N.get_or_init(detect)
+        use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
+        // 0 until detected. Not a `OnceLock`: a fork while another thread
+        // runs its initialiser would leave the child waiting for it forever.
+        // Racing threads each detect (the same number); the first stored
+        // wins, so every caller gets one value.
+        static N: AtomicUsize = AtomicUsize::new(0);
+        match N.load(Relaxed) {
+            0 => {
+                let n = detect();
+                match N.compare_exchange(0, n, Relaxed, Relaxed) {
+                    Ok(_) => n,
+                    Err(first) => first,
+                }
+            }
+            n => n,
+        }
     }
 }
 

@@ -47,8 +47,7 @@
 //! accepts the membarrier registration. Otherwise the whole process uses
 //! the sharded backend.
 
-use std::sync::atomic::{AtomicBool, AtomicIsize, AtomicU64, Ordering};
-use std::sync::OnceLock;
+use std::sync::atomic::{AtomicBool, AtomicIsize, AtomicU64, AtomicU8, Ordering};
 
 /// Offset of `cpu_id` in `struct rseq`.
 pub(crate) const CPU_ID_OFFSET: usize = 4;
@@ -69,11 +68,30 @@ static FORCED: AtomicBool = AtomicBool::new(false);
 /// Fast-path attempts the kernel aborted (and that were retried).
 static ABORTS: AtomicU64 = AtomicU64::new(0);
 
-static AVAILABLE: OnceLock<bool> = OnceLock::new();
+/// [`available`]'s answer: [`UNKNOWN`] until decided, then [`NO`] or [`YES`].
+static AVAILABLE: AtomicU8 = AtomicU8::new(UNKNOWN);
+const UNKNOWN: u8 = 0;
+const NO: u8 = 1;
+const YES: u8 = 2;
 
 /// Whether the rseq backend can run in this process (decided once).
+///
+/// Not a `OnceLock`: a fork while another thread runs the detection would
+/// leave the child waiting for it forever. Threads that race here each
+/// detect (idempotent: lookups, and a membarrier registration the kernel
+/// accepts again) and the first answer stored is everyone's.
 pub(crate) fn available() -> bool {
-    *AVAILABLE.get_or_init(detect)
+    match AVAILABLE.load(Ordering::Acquire) {
+        UNKNOWN => {
+            let mine = if detect() { YES } else { NO };
+            // Release: a YES publishes the RSEQ_OFFSET that detect stored.
+            match AVAILABLE.compare_exchange(UNKNOWN, mine, Ordering::AcqRel, Ordering::Acquire) {
+                Ok(_) => mine == YES,
+                Err(first) => first == YES,
+            }
+        }
+        v => v == YES,
+    }
 }
 
 /// glibc's `__rseq_offset`. Only meaningful once [`available`] is true.
@@ -218,7 +236,9 @@ pub unsafe fn force_fake_area_for_instruction_counting() {
     RSEQ_OFFSET.store(offset, Ordering::Relaxed);
     FORCED.store(true, Ordering::Relaxed);
     assert!(
-        AVAILABLE.set(true).is_ok(),
+        AVAILABLE
+            .compare_exchange(UNKNOWN, YES, Ordering::AcqRel, Ordering::Relaxed)
+            .is_ok(),
         "force_fake_area_for_instruction_counting: the backend was already chosen"
     );
 }
