@@ -57,11 +57,12 @@
 //! chunk, an allocation; waiters spin briefly, then yield.
 
 use super::cpus::possible_cpus;
+use super::rseq_abi::FAST_PATH;
 use std::alloc::{self, Layout};
 use std::cell::UnsafeCell;
 use std::ops::{Deref, DerefMut};
 use std::ptr::NonNull;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 /// log2 of [`REGION`].
 pub(crate) const REGION_SHIFT: u32 = 12;
@@ -193,24 +194,25 @@ extern "C" fn register_fork_handlers() {
 #[link_section = ".init_array"]
 static REGISTER_FORK_HANDLERS: extern "C" fn() = register_fork_handlers;
 
-/// The number of regions in every chunk; 0 until [`arena_cpus`] first ran.
-static CPUS: AtomicU32 = AtomicU32::new(0);
-
 /// The number of per-CPU regions in every chunk of the arena: CPU ids
 /// `0..arena_cpus()` have a counter, no other id has one.
 ///
 /// Taken once from [`possible_cpus`] (clamped to `1..=i32::MAX`, so that
 /// the fast path's unsigned compare also rejects every negative `cpu_id`)
 /// and never changed, so chunk sizes, sums, resets and the fast path's
-/// bound all agree.
+/// bound all agree. Kept in `FAST_PATH.arena_cpus` (0 until first set),
+/// next to the rseq offset that the fast path loads with it.
 pub(crate) fn arena_cpus() -> usize {
-    let n = CPUS.load(Ordering::Relaxed);
+    let n = FAST_PATH.arena_cpus.load(Ordering::Relaxed);
     if n != 0 {
         return n as usize;
     }
     let want = possible_cpus().clamp(1, i32::MAX as usize) as u32;
     // The first value stored wins (every caller computes the same one).
-    match CPUS.compare_exchange(0, want, Ordering::Relaxed, Ordering::Relaxed) {
+    match FAST_PATH
+        .arena_cpus
+        .compare_exchange(0, want, Ordering::Relaxed, Ordering::Relaxed)
+    {
         Ok(_) => want as usize,
         Err(first) => first as usize,
     }
@@ -225,7 +227,7 @@ pub(crate) fn arena_cpus() -> usize {
 /// reads the final value. One relaxed load of a read-mostly static.
 #[inline(always)]
 pub(crate) fn fast_path_cpus() -> u32 {
-    CPUS.load(Ordering::Relaxed)
+    FAST_PATH.arena_cpus.load(Ordering::Relaxed)
 }
 
 fn chunk_layout() -> Layout {

@@ -47,7 +47,7 @@
 //! accepts the membarrier registration. Otherwise the whole process uses
 //! the sharded backend.
 
-use std::sync::atomic::{AtomicBool, AtomicIsize, AtomicU64, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicIsize, AtomicU32, AtomicU64, AtomicU8, Ordering};
 
 /// Offset of `cpu_id` in `struct rseq`.
 pub(crate) const CPU_ID_OFFSET: usize = 4;
@@ -61,8 +61,22 @@ const MEMBARRIER_CMD_QUERY: libc::c_int = 0;
 const MEMBARRIER_CMD_PRIVATE_EXPEDITED_RSEQ: libc::c_int = 1 << 7;
 const MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED_RSEQ: libc::c_int = 1 << 8;
 
-/// `__rseq_offset`, valid once [`available`] returned true.
-static RSEQ_OFFSET: AtomicIsize = AtomicIsize::new(0);
+/// The values the fast path loads on every operation, side by side: one
+/// address serves both (a register less in a loop, so the rest of the code
+/// around it compiles as before) and they share a cache line.
+#[repr(C)]
+pub(crate) struct FastPathStatics {
+    /// `__rseq_offset`, valid once [`available`] returned true.
+    rseq_offset: AtomicIsize,
+    /// The arena's CPU count, its fast-path bound: owned by
+    /// `arena::arena_cpus`, 0 until the first chunk is sized.
+    pub(crate) arena_cpus: AtomicU32,
+}
+
+pub(crate) static FAST_PATH: FastPathStatics = FastPathStatics {
+    rseq_offset: AtomicIsize::new(0),
+    arena_cpus: AtomicU32::new(0),
+};
 /// Set only by the instruction-counting hook: no membarrier, one thread.
 static FORCED: AtomicBool = AtomicBool::new(false);
 /// Fast-path attempts the kernel aborted (and that were retried).
@@ -84,7 +98,7 @@ pub(crate) fn available() -> bool {
     match AVAILABLE.load(Ordering::Acquire) {
         UNKNOWN => {
             let mine = if detect() { YES } else { NO };
-            // Release: a YES publishes the RSEQ_OFFSET that detect stored.
+            // Release: a YES publishes the rseq offset that detect stored.
             match AVAILABLE.compare_exchange(UNKNOWN, mine, Ordering::AcqRel, Ordering::Acquire) {
                 Ok(_) => mine == YES,
                 Err(first) => first == YES,
@@ -97,7 +111,7 @@ pub(crate) fn available() -> bool {
 /// glibc's `__rseq_offset`. Only meaningful once [`available`] is true.
 #[inline(always)]
 pub(crate) fn rseq_offset() -> isize {
-    RSEQ_OFFSET.load(Ordering::Relaxed)
+    FAST_PATH.rseq_offset.load(Ordering::Relaxed)
 }
 
 fn detect() -> bool {
@@ -110,7 +124,7 @@ fn detect() -> bool {
     if !membarrier_register() {
         return false;
     }
-    RSEQ_OFFSET.store(offset, Ordering::Relaxed);
+    FAST_PATH.rseq_offset.store(offset, Ordering::Relaxed);
     true
 }
 
@@ -233,7 +247,7 @@ pub fn rseq_aborts() -> u64 {
 pub unsafe fn force_fake_area_for_instruction_counting() {
     let area: &'static mut [u64; 4] = Box::leak(Box::new([0u64; 4]));
     let offset = (area.as_mut_ptr() as usize).wrapping_sub(thread_pointer()) as isize;
-    RSEQ_OFFSET.store(offset, Ordering::Relaxed);
+    FAST_PATH.rseq_offset.store(offset, Ordering::Relaxed);
     FORCED.store(true, Ordering::Relaxed);
     assert!(
         AVAILABLE
