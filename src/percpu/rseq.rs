@@ -38,8 +38,10 @@
 //! is -1 or -2), so the section indexes only regions that exist. Inside
 //! the section it costs nothing: its compare and branch replace the sign
 //! test that an unregistered thread needs anyway. Outside it, each
-//! operation loads the bound from a read-mostly static (one relaxed load
-//! that stays in cache) and keeps it in a register.
+//! operation loads the bound with a relaxed load from the read-mostly
+//! static that also holds the rseq offset (`rseq_abi::FAST_PATH`: one base
+//! address, one cache line) and passes it in a register: one instruction
+//! per operation (callgrind: 38 to 40 instructions per get+put pair).
 //!
 //! # Threads
 //!
