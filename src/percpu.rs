@@ -150,8 +150,11 @@ impl fmt::Display for Backend {
 ///
 /// Detected once, at first use: the rseq backend where it is available,
 /// else the sharded one. The environment variable `PERCPU_REF_BACKEND`
-/// (`rseq` or `sharded`) overrides the choice; asking for `rseq` where it is
-/// unavailable falls back to `sharded`.
+/// (`rseq` or `sharded`) overrides the choice. Asking for `rseq` where it is
+/// unavailable falls back to `sharded`, and any other non-empty value is
+/// ignored (the default is used); either prints one warning line on stderr,
+/// once per process, naming the variable, its value and the valid values.
+/// An empty value is the same as none.
 pub fn backend() -> Backend {
     #[cfg(loom)]
     {
@@ -159,18 +162,80 @@ pub fn backend() -> Backend {
     }
     #[cfg(not(loom))]
     {
-        static CHOSEN: std::sync::OnceLock<Backend> = std::sync::OnceLock::new();
-        *CHOSEN.get_or_init(detect_backend)
+        use std::sync::atomic::{AtomicU8, Ordering::Relaxed};
+        // 0 until chosen, then RSEQ or SHARDED. Not a `OnceLock`: a fork
+        // while another thread runs the detection would leave the child
+        // waiting for it forever. Racing threads each detect; the first
+        // choice stored is everyone's.
+        const RSEQ: u8 = 1;
+        const SHARDED: u8 = 2;
+        static CHOSEN: AtomicU8 = AtomicU8::new(0);
+        let chosen = match CHOSEN.load(Relaxed) {
+            0 => {
+                let (backend, warning) = detect_backend();
+                let mine = match backend {
+                    Backend::Rseq => RSEQ,
+                    Backend::Sharded => SHARDED,
+                };
+                match CHOSEN.compare_exchange(0, mine, Relaxed, Relaxed) {
+                    Ok(_) => {
+                        // Only the thread whose choice stood says why.
+                        if let Some(warning) = warning {
+                            use std::io::Write;
+                            // Straight to stderr (not captured by test
+                            // harnesses); nothing to do if it fails.
+                            let _ = writeln!(std::io::stderr(), "{warning}");
+                        }
+                        mine
+                    }
+                    Err(first) => first,
+                }
+            }
+            c => c,
+        };
+        if chosen == RSEQ {
+            Backend::Rseq
+        } else {
+            Backend::Sharded
+        }
     }
 }
 
+/// The environment variable that overrides the default backend.
 #[cfg(not(loom))]
-fn detect_backend() -> Backend {
-    let wanted = std::env::var("PERCPU_REF_BACKEND").ok();
-    match wanted.as_deref() {
-        Some("sharded") => Backend::Sharded,
-        _ if Backend::Rseq.is_available() => Backend::Rseq,
-        _ => Backend::Sharded,
+const BACKEND_VAR: &str = "PERCPU_REF_BACKEND";
+
+/// The backend for this process, and the warning to print about
+/// `PERCPU_REF_BACKEND` if its value was not honoured.
+#[cfg(not(loom))]
+fn detect_backend() -> (Backend, Option<String>) {
+    let default = if Backend::Rseq.is_available() {
+        Backend::Rseq
+    } else {
+        Backend::Sharded
+    };
+    let wanted = std::env::var_os(BACKEND_VAR).unwrap_or_default();
+    match wanted.to_str() {
+        Some("") => (default, None), // unset or empty
+        Some("sharded") => (Backend::Sharded, None),
+        Some("rseq") if default == Backend::Rseq => (Backend::Rseq, None),
+        Some("rseq") => (
+            default,
+            Some(format!(
+                "percpu_ref: warning: {BACKEND_VAR}=rseq, but the rseq backend is not available \
+                 in this process (it needs Linux x86_64, glibc >= 2.35 with its rseq \
+                 registration enabled, and membarrier RSEQ support); using {default}"
+            )),
+        ),
+        // Anything else, or not UTF-8.
+        _ => (
+            default,
+            Some(format!(
+                "percpu_ref: warning: ignoring {BACKEND_VAR}={:?}: valid values are `rseq` and \
+                 `sharded`; using the default, {default}",
+                wanted
+            )),
+        ),
     }
 }
 

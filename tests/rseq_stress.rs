@@ -8,12 +8,18 @@
 //! chosen and stay exact), pinned to CPU 1 (as `taskset -c 1`: one CPU
 //! whose id is not 0), and in a forked child.
 //!
+//! And one subprocess plays a container that under-reports the possible
+//! CPUs: pinned to CPU 1 with the possible-CPU count capped at 1, so the
+//! arena has no region for CPU 1 and every operation must take the atomic
+//! path (issue 10, item 4: it used to add past the end of the arena).
+//!
 //! Sizes: 16 workers; 10^7 get+put operations each in release builds,
 //! 2 * 10^5 in debug builds (run `cargo test --release --test rseq_stress`
 //! for the full size).
 #![cfg(percpu_ref_rseq)]
 
-use percpu_ref::{backend, percpu::rseq_aborts, Backend, InitFlags, PercpuRef};
+use percpu_ref::percpu::{arena_stats, rseq_aborts};
+use percpu_ref::{backend, possible_cpus, Backend, InitFlags, PercpuRef};
 use std::process::Command;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::SeqCst};
 use std::sync::{Arc, Barrier, Mutex};
@@ -296,6 +302,19 @@ fn exact_under_migration_signals_switches_and_kill() {
 /// Runs this binary's `exact_under_migration...` and
 /// `default_backend...` tests in a subprocess with `env` set.
 fn run_child(wrapper: &[&str], env: &[(&str, &str)]) {
+    run_child_tests(
+        wrapper,
+        env,
+        &[
+            "exact_under_migration_signals_switches_and_kill",
+            "default_backend_is_rseq_unless_disabled",
+        ],
+    );
+}
+
+/// Runs `tests` of this binary in a subprocess with `env` set, under
+/// `wrapper` (a command such as `taskset -c 1`) if any; they must all pass.
+fn run_child_tests(wrapper: &[&str], env: &[(&str, &str)], tests: &[&str]) {
     let exe = std::env::current_exe().unwrap();
     let mut cmd = match wrapper.split_first() {
         Some((prog, args)) => {
@@ -306,10 +325,7 @@ fn run_child(wrapper: &[&str], env: &[(&str, &str)]) {
         None => Command::new(exe),
     };
     cmd.args(["--exact", "--test-threads=1", "--nocapture"])
-        .args([
-            "exact_under_migration_signals_switches_and_kill",
-            "default_backend_is_rseq_unless_disabled",
-        ])
+        .args(tests)
         .env_remove("PERCPU_REF_BACKEND");
     for (k, v) in env {
         cmd.env(k, v);
@@ -322,8 +338,8 @@ fn run_child(wrapper: &[&str], env: &[(&str, &str)]) {
     );
     assert!(out.status.success(), "child with {env:?} failed:\n{text}");
     assert!(
-        text.contains("2 passed"),
-        "child with {env:?} did not run both tests:\n{text}"
+        text.contains(&format!("{} passed", tests.len())),
+        "child with {env:?} did not run all of {tests:?}:\n{text}"
     );
     eprintln!("child with {env:?}:\n{text}");
 }
@@ -358,5 +374,118 @@ fn pinned_to_cpu_1() {
             ("PERCPU_REF_STRESS_PIN", "1"),
             ("PERCPU_REF_STRESS_EXPECT", "rseq"),
         ],
+    );
+}
+
+/// Refs and threads of the capped-arena child.
+const CAPPED_REFS: usize = 1500;
+const CAPPED_THREADS: usize = 4;
+const CAPPED_ROUNDS: usize = if cfg!(debug_assertions) { 20 } else { 200 };
+
+/// Child only (`PERCPU_REF_STRESS_CAPPED`): the possible-CPU count is
+/// capped at 1, so the arena has one region per chunk, and every thread
+/// runs on CPU 1, which has none. Each operation must take the atomic path:
+/// counts stay exact over several chunks of refs, with switches in the
+/// middle, and no memory past a chunk is written (before the bound, CPU 1's
+/// adds landed past each chunk: lost from the sums, corrupting neighbours
+/// and the allocator).
+#[test]
+fn capped_arena_on_cpu_1_counts_exactly() {
+    if std::env::var_os("PERCPU_REF_STRESS_CAPPED").is_none() {
+        return; // only meaningful in the child that `arena_capped_at_1_cpu_on_cpu_1` runs
+    }
+    assert_eq!(possible_cpus(), 1, "the cap did not apply");
+    assert_eq!(allowed_cpus(), [1], "the child runs under taskset -c 1");
+    assert_eq!(backend(), Backend::Rseq);
+    let released = Arc::new(AtomicUsize::new(0));
+    let refs: Arc<Vec<PercpuRef>> = Arc::new(
+        (0..CAPPED_REFS)
+            .map(|_| {
+                let released = released.clone();
+                PercpuRef::with_flags(
+                    move |_| {
+                        released.fetch_add(1, SeqCst);
+                    },
+                    InitFlags::ALLOW_REINIT,
+                )
+            })
+            .collect(),
+    );
+    let stats = arena_stats();
+    assert_eq!(stats.bytes_per_slot, 8, "one region per chunk");
+    assert!(stats.chunks >= 2, "the refs span several chunks");
+    assert!(refs.iter().all(|r| r.percpu_bytes() == 8));
+    // Every thread leaves `i % 7 + 1` references on ref `i` per round, with
+    // balanced get/put pairs in between.
+    let stop = Arc::new(AtomicBool::new(false));
+    let workers: Vec<_> = (0..CAPPED_THREADS)
+        .map(|_| {
+            let refs = refs.clone();
+            std::thread::spawn(move || {
+                assert_eq!(current_cpu(), 1);
+                for _ in 0..CAPPED_ROUNDS {
+                    for (i, r) in refs.iter().enumerate() {
+                        r.get_many(i % 7 + 1);
+                        r.get();
+                        r.put();
+                    }
+                }
+            })
+        })
+        .collect();
+    // Switches on a few refs while the workers count.
+    let switcher = {
+        let (refs, stop) = (refs.clone(), stop.clone());
+        std::thread::spawn(move || {
+            let mut n = 0usize;
+            while !stop.load(SeqCst) {
+                let r = &refs[n * 97 % CAPPED_REFS];
+                r.switch_to_atomic();
+                r.switch_to_percpu().unwrap();
+                n += 1;
+            }
+            n
+        })
+    };
+    for w in workers {
+        w.join().unwrap();
+    }
+    stop.store(true, SeqCst);
+    let switches = switcher.join().unwrap();
+    for (i, r) in refs.iter().enumerate() {
+        r.kill().unwrap();
+        let left = (CAPPED_THREADS * CAPPED_ROUNDS * (i % 7 + 1)) as u64;
+        assert_eq!(r.atomic_count(), Some(left), "ref {i}: inexact count");
+        r.put_many(left as usize);
+    }
+    assert_eq!(released.load(SeqCst), CAPPED_REFS, "each ref released once");
+    eprintln!(
+        "capped arena: {CAPPED_REFS} refs in {} chunks of one region, {switches} switches, exact",
+        stats.chunks
+    );
+}
+
+#[test]
+fn arena_capped_at_1_cpu_on_cpu_1() {
+    if std::env::var_os("PERCPU_REF_STRESS_EXPECT").is_some()
+        || std::env::var_os("PERCPU_REF_STRESS_CAPPED").is_some()
+    {
+        return; // already a child
+    }
+    if !Backend::Rseq.is_available() {
+        eprintln!("skipped: the rseq backend is not available");
+        return;
+    }
+    if !allowed_cpus().contains(&1) {
+        eprintln!("skipped: CPU 1 is not available to this process");
+        return;
+    }
+    run_child_tests(
+        &["taskset", "-c", "1"],
+        &[
+            ("PERCPU_REF_TEST_POSSIBLE_CPUS", "1"),
+            ("PERCPU_REF_STRESS_CAPPED", "1"),
+        ],
+        &["capped_arena_on_cpu_1_counts_exactly"],
     );
 }

@@ -23,14 +23,46 @@
 //! - Chunks are allocated lazily (zeroed, so untouched pages cost nothing
 //!   until used) and never freed: a pointer into the arena stays valid for
 //!   the life of the process.
-//! - Sized by [`possible_cpus`], never by the CPUs this process may run on:
-//!   every `cpu_id` the kernel can report indexes a region.
+//! - Every chunk has the same number of regions, [`arena_cpus`]: read once
+//!   from [`possible_cpus`] (never from the CPUs this process may run on)
+//!   and fixed for the life of the process. [`Slot::sum`] and [`Slot::zero`]
+//!   cover exactly those regions, and the rseq fast path is given the same
+//!   number as its bound ([`fast_path_cpus`]).
+//!
+//! # What the sizing trusts
+//!
+//! The possible-CPU count is trusted for *speed*, never for *memory
+//! safety*. It normally covers every `cpu_id` the kernel can report, so
+//! every CPU counts in its own region. But it can be under-reported: a
+//! container that hides or trims `/sys/devices/system/cpu/possible` (and
+//! `/proc/stat`, `/proc/cpuinfo`) makes `sysconf` fall back to the
+//! affinity count, so a process allowed on CPU 1 alone may believe there is
+//! one CPU. The fast path therefore compares `cpu_id` with
+//! [`fast_path_cpus`] inside the critical section and takes the atomic path
+//! for any id at or above it: a wrong count costs speed (operations on the
+//! CPUs above it are atomic), never a write outside a chunk.
+//!
+//! # Fork
+//!
+//! The bookkeeping (chunks, free list) sits behind a small spin lock of our
+//! own rather than a `std::sync::Mutex`, so that it can be taken around a
+//! `fork`: `pthread_atfork` handlers, registered when the program is
+//! loaded (an `.init_array` entry, so before any thread can take the lock),
+//! acquire it in the forking thread before the fork and release it in the
+//! parent and in the child afterwards. A fork therefore never happens while
+//! another thread holds it, and the child (which has only the forking
+//! thread) finds it free: its first ref alloc or drop cannot deadlock. (A
+//! `Mutex` held by another thread at the fork stays locked forever in the
+//! child.) The lock is held only for a few bookkeeping steps and, once per
+//! chunk, an allocation; waiters spin briefly, then yield.
 
 use super::cpus::possible_cpus;
+use super::rseq_abi::FAST_PATH;
 use std::alloc::{self, Layout};
+use std::cell::UnsafeCell;
+use std::ops::{Deref, DerefMut};
 use std::ptr::NonNull;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 /// log2 of [`REGION`].
 pub(crate) const REGION_SHIFT: u32 = 12;
@@ -48,25 +80,158 @@ struct Arena {
     live: usize,
 }
 
-// SAFETY: the chunk pointers are plain heap memory owned by the arena; all
-// access to the bookkeeping goes through the mutex.
-unsafe impl Send for Arena {}
+/// The arena's bookkeeping and the lock that guards it (see "Fork" above).
+struct ArenaLock {
+    held: AtomicBool,
+    arena: UnsafeCell<Arena>,
+}
 
-static ARENA: Mutex<Arena> = Mutex::new(Arena {
-    chunks: Vec::new(),
-    free: Vec::new(),
-    fresh_next: 0,
-    live: 0,
-});
+// SAFETY: `arena` is only reached through an `ArenaGuard`, and at most one
+// guard exists at a time (`held`); the chunk pointers in it are plain heap
+// memory owned by the arena, usable from any thread.
+unsafe impl Sync for ArenaLock {}
 
-fn arena() -> std::sync::MutexGuard<'static, Arena> {
-    // The bookkeeping is updated only after every fallible step, so a
-    // poisoned lock holds no broken invariant.
-    ARENA.lock().unwrap_or_else(|p| p.into_inner())
+static ARENA: ArenaLock = ArenaLock {
+    held: AtomicBool::new(false),
+    arena: UnsafeCell::new(Arena {
+        chunks: Vec::new(),
+        free: Vec::new(),
+        fresh_next: 0,
+        live: 0,
+    }),
+};
+
+impl ArenaLock {
+    fn acquire(&self) {
+        let mut spins = 0u32;
+        while self
+            .held
+            .compare_exchange_weak(false, true, Ordering::Acquire, Ordering::Relaxed)
+            .is_err()
+        {
+            while self.held.load(Ordering::Relaxed) {
+                if spins < 100 {
+                    spins += 1;
+                    std::hint::spin_loop();
+                } else {
+                    std::thread::yield_now();
+                }
+            }
+        }
+    }
+
+    fn release(&self) {
+        self.held.store(false, Ordering::Release);
+    }
+}
+
+/// Exclusive access to the bookkeeping; releases the lock on drop (also
+/// when unwinding: the bookkeeping is updated only after every fallible
+/// step, so a panic under the lock leaves no broken invariant).
+struct ArenaGuard(());
+
+impl Deref for ArenaGuard {
+    type Target = Arena;
+    fn deref(&self) -> &Arena {
+        // SAFETY: this guard holds the lock, so no other reference to the
+        // bookkeeping exists.
+        unsafe { &*ARENA.arena.get() }
+    }
+}
+
+impl DerefMut for ArenaGuard {
+    fn deref_mut(&mut self) -> &mut Arena {
+        // SAFETY: as above; `&mut self` makes this the only access through
+        // the guard.
+        unsafe { &mut *ARENA.arena.get() }
+    }
+}
+
+impl Drop for ArenaGuard {
+    fn drop(&mut self) {
+        ARENA.release();
+    }
+}
+
+fn arena() -> ArenaGuard {
+    ARENA.acquire();
+    ArenaGuard(())
+}
+
+/// Whether `pthread_atfork` accepted the handlers (at load time).
+static FORK_HANDLERS: AtomicBool = AtomicBool::new(false);
+
+/// Runs in the forking thread before the fork: waits until no other thread
+/// holds the lock and takes it. Two threads forking at once are serialised
+/// here (glibc does not hold its own lock while it runs the handlers).
+extern "C" fn before_fork() {
+    ARENA.acquire();
+}
+
+/// Runs in the parent and in the child after the fork: releases the lock
+/// taken by [`before_fork`] (in the child, on behalf of its only thread).
+extern "C" fn after_fork() {
+    ARENA.release();
+}
+
+/// Registers the fork handlers exactly once, when the program (or the
+/// library, through `dlopen`) is loaded: the loader runs `.init_array`
+/// entries on one thread, before `main` and before any code of this crate
+/// can take the lock. Registering later, at first use, would leave a
+/// window: a fork that had already listed the handlers (without ours) could
+/// happen while another thread, just registered, holds the lock.
+extern "C" fn register_fork_handlers() {
+    let (prepare, after): (unsafe extern "C" fn(), unsafe extern "C" fn()) =
+        (before_fork, after_fork);
+    // SAFETY: the handlers are plain functions that live for the whole
+    // process and only touch the lock's atomic. pthread_atfork fails only
+    // with ENOMEM; then forks are not protected (FORK_HANDLERS says so).
+    let ok = unsafe { libc::pthread_atfork(Some(prepare), Some(after), Some(after)) } == 0;
+    FORK_HANDLERS.store(ok, Ordering::Relaxed);
+}
+
+#[used]
+#[link_section = ".init_array"]
+static REGISTER_FORK_HANDLERS: extern "C" fn() = register_fork_handlers;
+
+/// The number of per-CPU regions in every chunk of the arena: CPU ids
+/// `0..arena_cpus()` have a counter, no other id has one.
+///
+/// Taken once from [`possible_cpus`] (clamped to `1..=i32::MAX`, so that
+/// the fast path's unsigned compare also rejects every negative `cpu_id`)
+/// and never changed, so chunk sizes, sums, resets and the fast path's
+/// bound all agree. Kept in `FAST_PATH.arena_cpus` (0 until first set),
+/// next to the rseq offset that the fast path loads with it.
+pub(crate) fn arena_cpus() -> usize {
+    let n = FAST_PATH.arena_cpus.load(Ordering::Relaxed);
+    if n != 0 {
+        return n as usize;
+    }
+    let want = possible_cpus().clamp(1, i32::MAX as usize) as u32;
+    // The first value stored wins (every caller computes the same one).
+    match FAST_PATH
+        .arena_cpus
+        .compare_exchange(0, want, Ordering::Relaxed, Ordering::Relaxed)
+    {
+        Ok(_) => want as usize,
+        Err(first) => first as usize,
+    }
+}
+
+/// The fast path's bound: a `cpu_id` at or above it has no region and must
+/// take the atomic path.
+///
+/// The same number as [`arena_cpus`], read without initialising: it is set
+/// before the first chunk is allocated, so every thread that holds a
+/// [`Slot`] (received through whatever synchronisation handed it the ref)
+/// reads the final value. One relaxed load of a read-mostly static.
+#[inline(always)]
+pub(crate) fn fast_path_cpus() -> u32 {
+    FAST_PATH.arena_cpus.load(Ordering::Relaxed)
 }
 
 fn chunk_layout() -> Layout {
-    let bytes = possible_cpus()
+    let bytes = arena_cpus()
         .checked_mul(REGION)
         .expect("percpu_ref: arena chunk size overflows usize");
     Layout::from_size_align(bytes, REGION).expect("percpu_ref: arena chunk layout")
@@ -129,7 +294,10 @@ impl Slot {
     }
 
     fn counter(&self, cpu: usize) -> &AtomicU64 {
-        debug_assert!(cpu < possible_cpus());
+        assert!(
+            cpu < arena_cpus(),
+            "percpu_ref: CPU {cpu} has no arena region"
+        );
         // SAFETY: `cpu` indexes a region of this slot's chunk, the address
         // is 8-byte aligned, and arena memory lives for the whole process.
         // Concurrent writers are only rseq sections on that CPU, which the
@@ -138,16 +306,22 @@ impl Slot {
         unsafe { AtomicU64::from_ptr(self.base.as_ptr().add(cpu * REGION).cast()) }
     }
 
-    /// The wrapping sum of this slot over every possible CPU.
+    /// This slot's counter on `cpu` (`cpu < arena_cpus()`).
+    #[cfg(test)]
+    pub(crate) fn load(&self, cpu: usize) -> u64 {
+        self.counter(cpu).load(Ordering::Relaxed)
+    }
+
+    /// The wrapping sum of this slot over every region of its chunk.
     pub(crate) fn sum(&self) -> u64 {
-        (0..possible_cpus()).fold(0u64, |s, cpu| {
+        (0..arena_cpus()).fold(0u64, |s, cpu| {
             s.wrapping_add(self.counter(cpu).load(Ordering::Relaxed))
         })
     }
 
-    /// Zeroes this slot on every possible CPU.
+    /// Zeroes this slot in every region of its chunk.
     pub(crate) fn zero(&self) {
-        for cpu in 0..possible_cpus() {
+        for cpu in 0..arena_cpus() {
             self.counter(cpu).store(0, Ordering::Relaxed);
         }
     }
@@ -178,7 +352,8 @@ pub struct ArenaStats {
     pub chunks: usize,
     /// Bytes of all chunks (`chunks * possible_cpus * REGION`).
     pub reserved_bytes: usize,
-    /// Bytes one slot costs: 8 per possible CPU.
+    /// Bytes one slot costs: 8 per possible CPU (the number of regions in a
+    /// chunk).
     pub bytes_per_slot: usize,
 }
 
@@ -205,8 +380,8 @@ pub fn arena_stats() -> ArenaStats {
         free_slots: a.free.len(),
         unused_slots: capacity - a.fresh_next,
         chunks: a.chunks.len(),
-        reserved_bytes: a.chunks.len() * possible_cpus() * REGION,
-        bytes_per_slot: 8 * possible_cpus(),
+        reserved_bytes: a.chunks.len() * arena_cpus() * REGION,
+        bytes_per_slot: 8 * arena_cpus(),
     }
 }
 
@@ -214,15 +389,22 @@ pub fn arena_stats() -> ArenaStats {
 mod tests {
     use super::*;
 
+    /// The `.init_array` entry survived linking and registered the fork
+    /// handlers before `main`.
+    #[test]
+    fn fork_handlers_are_registered_at_load() {
+        assert!(FORK_HANDLERS.load(Ordering::Relaxed));
+    }
+
     #[test]
     fn reused_slot_is_zeroed_and_distinct() {
         let a = Slot::alloc();
         let b = Slot::alloc();
         assert_ne!(a.base(), b.base());
-        for cpu in 0..possible_cpus() {
+        for cpu in 0..arena_cpus() {
             a.counter(cpu).store(cpu as u64 + 5, Ordering::Relaxed);
         }
-        let n = possible_cpus() as u64;
+        let n = arena_cpus() as u64;
         assert_eq!(a.sum(), n * 5 + n * (n - 1) / 2);
         assert_eq!(b.sum(), 0, "neighbouring slot untouched");
         drop(a);

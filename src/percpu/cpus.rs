@@ -6,11 +6,29 @@
 //! of possible CPUs is read once from `/sys/devices/system/cpu/possible`
 //! (falling back to `sysconf(_SC_NPROCESSORS_CONF)`, then to the
 //! available parallelism) and never changes afterwards.
+//!
+//! # What the count is trusted for
+//!
+//! Speed, never memory safety. Normally every CPU id the kernel reports is
+//! below the count and gets its own per-CPU counter. But a container can
+//! hide or trim `/sys/devices/system/cpu/possible`, `/proc/stat` and
+//! `/proc/cpuinfo`; `sysconf` then falls back to the affinity count, and a
+//! process allowed on CPU 1 alone believes there is one CPU. Per-CPU
+//! storage sized by this number must therefore never be indexed by an
+//! unchecked CPU id: the rseq fast path compares `cpu_id` with the arena's
+//! CPU count and takes the atomic path at or above it (`percpu/rseq.rs`),
+//! the sharded backend masks its thread index.
+//!
+//! The hidden environment variable `PERCPU_REF_TEST_POSSIBLE_CPUS`, read at
+//! detection, lowers the count to at most its value: it simulates such a
+//! container in the tests (`tests/rseq_stress.rs`). It can only cost speed.
 
 /// The number of possible CPU ids (highest possible id + 1).
 ///
 /// Every CPU id the kernel can report to this process is below this number,
-/// whatever affinity the process has.
+/// whatever affinity the process has, unless the system under-reports it
+/// (a container can): the crate relies on it for speed only, never for
+/// memory safety.
 ///
 /// # Examples
 ///
@@ -27,8 +45,22 @@ pub fn possible_cpus() -> usize {
     }
     #[cfg(not(loom))]
     {
-        static N: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-        *N.get_or_init(detect)
+        use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
+        // 0 until detected. Not a `OnceLock`: a fork while another thread
+        // runs its initialiser would leave the child waiting for it forever.
+        // Racing threads each detect (the same number); the first stored
+        // wins, so every caller gets one value.
+        static N: AtomicUsize = AtomicUsize::new(0);
+        match N.load(Relaxed) {
+            0 => {
+                let n = detect();
+                match N.compare_exchange(0, n, Relaxed, Relaxed) {
+                    Ok(_) => n,
+                    Err(first) => first,
+                }
+            }
+            n => n,
+        }
     }
 }
 
@@ -39,11 +71,16 @@ fn detect() -> usize {
         .and_then(|s| parse_cpu_list_max(&s))
         .map(|max| max + 1);
     let parallel = std::thread::available_parallelism().map_or(1, |p| p.get());
-    from_sysfs
+    let detected = from_sysfs
         .or_else(sysconf_configured)
         .unwrap_or(parallel)
-        .max(parallel)
-        .max(1)
+        .max(parallel);
+    // Tests only: simulate a system that under-reports the count.
+    let cap = std::env::var("PERCPU_REF_TEST_POSSIBLE_CPUS")
+        .ok()
+        .and_then(|v| v.trim().parse::<usize>().ok())
+        .unwrap_or(usize::MAX);
+    detected.min(cap).max(1)
 }
 
 #[cfg(all(unix, not(loom)))]

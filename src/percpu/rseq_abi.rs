@@ -17,6 +17,15 @@
 //! read only) and `rseq_cs` (u64 at 8, written by the fast path). The
 //! kernel owns every other field; nothing here writes them.
 //!
+//! Requirement: every thread that uses a ref comes from the C library
+//! (`pthread_create`) or Rust's `std::thread`, so that glibc registered its
+//! own area (or none: then `cpu_id` is negative and the thread takes the
+//! atomic path). A thread made with a raw `clone` system call shares its
+//! creator's area or has an unregistered copy with a stale `cpu_id`: the
+//! kernel never aborts its critical sections, so it could commit a per-CPU
+//! add on a CPU it no longer runs on, or after a grace period. This cannot
+//! be detected cheaply; it is documented instead.
+//!
 //! # The grace period
 //!
 //! `membarrier(MEMBARRIER_CMD_PRIVATE_EXPEDITED_RSEQ)` interrupts every CPU
@@ -38,8 +47,7 @@
 //! accepts the membarrier registration. Otherwise the whole process uses
 //! the sharded backend.
 
-use std::sync::atomic::{AtomicBool, AtomicIsize, AtomicU64, Ordering};
-use std::sync::OnceLock;
+use std::sync::atomic::{AtomicBool, AtomicIsize, AtomicU32, AtomicU64, AtomicU8, Ordering};
 
 /// Offset of `cpu_id` in `struct rseq`.
 pub(crate) const CPU_ID_OFFSET: usize = 4;
@@ -53,24 +61,57 @@ const MEMBARRIER_CMD_QUERY: libc::c_int = 0;
 const MEMBARRIER_CMD_PRIVATE_EXPEDITED_RSEQ: libc::c_int = 1 << 7;
 const MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED_RSEQ: libc::c_int = 1 << 8;
 
-/// `__rseq_offset`, valid once [`available`] returned true.
-static RSEQ_OFFSET: AtomicIsize = AtomicIsize::new(0);
+/// The values the fast path loads on every operation, side by side: one
+/// address serves both (a register less in a loop, so the rest of the code
+/// around it compiles as before) and they share a cache line.
+#[repr(C)]
+pub(crate) struct FastPathStatics {
+    /// `__rseq_offset`, valid once [`available`] returned true.
+    rseq_offset: AtomicIsize,
+    /// The arena's CPU count, its fast-path bound: owned by
+    /// `arena::arena_cpus`, 0 until the first chunk is sized.
+    pub(crate) arena_cpus: AtomicU32,
+}
+
+pub(crate) static FAST_PATH: FastPathStatics = FastPathStatics {
+    rseq_offset: AtomicIsize::new(0),
+    arena_cpus: AtomicU32::new(0),
+};
 /// Set only by the instruction-counting hook: no membarrier, one thread.
 static FORCED: AtomicBool = AtomicBool::new(false);
 /// Fast-path attempts the kernel aborted (and that were retried).
 static ABORTS: AtomicU64 = AtomicU64::new(0);
 
-static AVAILABLE: OnceLock<bool> = OnceLock::new();
+/// [`available`]'s answer: [`UNKNOWN`] until decided, then [`NO`] or [`YES`].
+static AVAILABLE: AtomicU8 = AtomicU8::new(UNKNOWN);
+const UNKNOWN: u8 = 0;
+const NO: u8 = 1;
+const YES: u8 = 2;
 
 /// Whether the rseq backend can run in this process (decided once).
+///
+/// Not a `OnceLock`: a fork while another thread runs the detection would
+/// leave the child waiting for it forever. Threads that race here each
+/// detect (idempotent: lookups, and a membarrier registration the kernel
+/// accepts again) and the first answer stored is everyone's.
 pub(crate) fn available() -> bool {
-    *AVAILABLE.get_or_init(detect)
+    match AVAILABLE.load(Ordering::Acquire) {
+        UNKNOWN => {
+            let mine = if detect() { YES } else { NO };
+            // Release: a YES publishes the rseq offset that detect stored.
+            match AVAILABLE.compare_exchange(UNKNOWN, mine, Ordering::AcqRel, Ordering::Acquire) {
+                Ok(_) => mine == YES,
+                Err(first) => first == YES,
+            }
+        }
+        v => v == YES,
+    }
 }
 
 /// glibc's `__rseq_offset`. Only meaningful once [`available`] is true.
 #[inline(always)]
 pub(crate) fn rseq_offset() -> isize {
-    RSEQ_OFFSET.load(Ordering::Relaxed)
+    FAST_PATH.rseq_offset.load(Ordering::Relaxed)
 }
 
 fn detect() -> bool {
@@ -83,7 +124,7 @@ fn detect() -> bool {
     if !membarrier_register() {
         return false;
     }
-    RSEQ_OFFSET.store(offset, Ordering::Relaxed);
+    FAST_PATH.rseq_offset.store(offset, Ordering::Relaxed);
     true
 }
 
@@ -208,10 +249,12 @@ pub fn rseq_aborts() -> u64 {
 pub unsafe fn force_fake_area_for_instruction_counting() {
     let area: &'static mut [u64; 4] = Box::leak(Box::new([0u64; 4]));
     let offset = (area.as_mut_ptr() as usize).wrapping_sub(thread_pointer()) as isize;
-    RSEQ_OFFSET.store(offset, Ordering::Relaxed);
+    FAST_PATH.rseq_offset.store(offset, Ordering::Relaxed);
     FORCED.store(true, Ordering::Relaxed);
     assert!(
-        AVAILABLE.set(true).is_ok(),
+        AVAILABLE
+            .compare_exchange(UNKNOWN, YES, Ordering::AcqRel, Ordering::Relaxed)
+            .is_ok(),
         "force_fake_area_for_instruction_counting: the backend was already chosen"
     );
 }
