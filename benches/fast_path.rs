@@ -134,10 +134,13 @@ fn kill_loop(backend: Backend, iters: u64) -> Duration {
     let r = PercpuRef::with_backend(|_| {}, InitFlags::ALLOW_REINIT, backend).unwrap();
     let stop = AtomicBool::new(false);
     let busy_cpu = usize::from(percpu_ref::possible_cpus() > 1);
+    // The busy thread's own reference, taken before any kill, so that no
+    // kill can release the ref (taken inside the thread, it could come
+    // after a kill on a loaded machine).
+    r.get();
     std::thread::scope(|s| {
         s.spawn(|| {
             pin_to(busy_cpu);
-            r.get(); // its own reference, so kill never releases the ref
             while !stop.load(Ordering::Relaxed) {
                 for _ in 0..1000 {
                     r.get();
