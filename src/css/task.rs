@@ -173,12 +173,20 @@ impl Pages {
 
     /// Charges `n` pages to `css` with one `css_get_many(n)`.
     ///
+    /// Room for the pages is reserved first, so a charge that cannot be
+    /// stored panics before it takes any reference.
+    ///
     /// # Panics
     ///
-    /// If `css` was released (get on a zero count).
+    /// If `css` was released (get on a zero count), or `n` pages do not
+    /// fit in memory; nothing is charged then.
     pub fn charge(&mut self, css: &Css, n: usize) {
+        if let Err(e) = self.owners.try_reserve(n) {
+            panic!("Pages::charge({n}): cannot store the pages: {e}");
+        }
         css.get_raw(n);
         let p = CssPtr::from_raw(css as *const Css as *mut Css).expect("a reference is never null");
+        // Within the reserved capacity: no allocation, no panic.
         self.owners.extend(std::iter::repeat_n(p, n));
     }
 
