@@ -77,6 +77,56 @@ fn panic_message(p: &(dyn std::any::Any + Send)) -> String {
     }
 }
 
+// ----- item 1: a CssRefs holding zero references ----------------------------
+
+/// `get_many(0)` and `put_many(count())` leave a `CssRefs` that can still be
+/// dereferenced, so it must still keep its css alive.
+#[test]
+fn css_refs_with_zero_count_keeps_the_css_alive() {
+    let rec = Recorder::new("memory");
+    let h = Hierarchy::new(vec![rec.clone()]);
+    let a = h.mkdir(&h.root(), "a").unwrap();
+    let b = h.mkdir(&h.root(), "b").unwrap();
+    let (ca, cb) = (a.css(0).unwrap(), b.css(0).unwrap());
+    let zero = ca.get_many(0);
+    let mut drained = cb.get_many(3);
+    drained.put_many(drained.count());
+    assert_eq!((zero.count(), drained.count()), (0, 0));
+    drop((ca, cb));
+    h.rmdir(&a).unwrap();
+    h.rmdir(&b).unwrap();
+    assert!(h.flush());
+    let log = rec.log();
+    assert_eq!(
+        count(&log, EventKind::Free, "/a"),
+        0,
+        "freed under a CssRefs"
+    );
+    assert_eq!(
+        count(&log, EventKind::Free, "/b"),
+        0,
+        "freed under a CssRefs"
+    );
+    assert_eq!(h.nr_css(), 2);
+    // Both still readable.
+    assert_eq!(
+        (zero.cgroup_path(), zero.state()),
+        ("/a", CssState::Offline)
+    );
+    assert_eq!(
+        (drained.cgroup_path(), drained.state()),
+        ("/b", CssState::Offline)
+    );
+    let id = zero.id();
+    drop(zero);
+    drop(drained);
+    assert!(h.flush());
+    assert_eq!(h.nr_css(), 0);
+    assert_eq!(check_lifecycle(&rec.events()), 2);
+    let guard = h.rcu_read_lock();
+    assert!(h.css_from_id(0, id, &guard).is_none());
+}
+
 // ----- item 11: a charge that cannot be stored -------------------------------
 
 /// `Pages::charge` of more pages than can be stored panics before taking

@@ -210,11 +210,21 @@ impl Css {
 
     /// `css_get_many`: takes `n` references at once.
     ///
+    /// The [`CssRefs`] also holds one reference of its own for as long as
+    /// it exists (taken in the same `get_many`), so it keeps the css alive
+    /// even when it holds zero of the `n` (`get_many(0)`, or after
+    /// [`put_many`](CssRefs::put_many) of all of them).
+    ///
     /// # Panics
     ///
-    /// As [`get`](Self::get).
+    /// As [`get`](Self::get) (also for `n == 0`), or if `n` is above
+    /// 2^62 - 2.
     pub fn get_many(&self, n: usize) -> CssRefs {
-        self.get_raw(n);
+        let with_own = match n.checked_add(1) {
+            Some(k) => k,
+            None => panic!("css_get_many({n}): too many references"),
+        };
+        self.get_raw(with_own);
         CssRefs { css: self.ptr(), n }
     }
 
@@ -389,6 +399,10 @@ impl fmt::Debug for CssRef {
 /// `n` references on one css, from [`Css::get_many`]; dropping puts what is
 /// left with one `css_put_many`.
 ///
+/// Besides the `n` it counts, a `CssRefs` holds one reference of its own
+/// until it is dropped, so that it can be dereferenced whatever its count
+/// (even zero) without the css being released under it.
+///
 /// # Examples
 ///
 /// ```
@@ -401,6 +415,7 @@ impl fmt::Debug for CssRef {
 /// ```
 pub struct CssRefs {
     css: CssPtr,
+    /// References counted by the handle; it holds `n + 1`.
     n: usize,
 }
 
@@ -422,8 +437,8 @@ impl CssRefs {
             self.n
         );
         self.n -= k;
-        // SAFETY: the `k` references being put keep the css alive for the
-        // put itself; nothing touches it afterwards.
+        // SAFETY: the handle's own reference stays, so this is never the
+        // last put and the css stays alive.
         unsafe { self.css.get() }.put_raw(k);
     }
 }
@@ -431,20 +446,17 @@ impl CssRefs {
 impl Deref for CssRefs {
     type Target = Css;
     fn deref(&self) -> &Css {
-        // SAFETY: `deref` is only reachable while `n > 0` references are
-        // held, or during the final put itself; either way not freed.
+        // SAFETY: the handle's own reference keeps the css from being
+        // released until the handle is dropped.
         unsafe { self.css.get() }
     }
 }
 
 impl Drop for CssRefs {
     fn drop(&mut self) {
-        if self.n > 0 {
-            let n = self.n;
-            self.n = 0;
-            // SAFETY: the `n` references held keep the css alive for the put.
-            unsafe { self.css.get() }.put_raw(n);
-        }
+        // SAFETY: the `n` references counted plus the handle's own keep
+        // the css alive for the put; nothing touches it afterwards.
+        unsafe { self.css.get() }.put_raw(self.n + 1);
     }
 }
 
