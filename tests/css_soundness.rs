@@ -127,6 +127,277 @@ fn css_refs_with_zero_count_keeps_the_css_alive() {
     assert!(h.css_from_id(0, id, &guard).is_none());
 }
 
+// ----- item 3: no css is freed inside its own release -----------------------
+
+/// A subsystem that holds a reference on one css and drops it in another
+/// css's `css_released`.
+struct DropOnRelease {
+    rec: Arc<Recorder>,
+    trigger: &'static str,
+    held: Mutex<Option<CssRef>>,
+}
+
+impl Subsys for DropOnRelease {
+    fn name(&self) -> &str {
+        "drop-on-release"
+    }
+    fn css_alloc(&self, css: &Css) -> Result<(), String> {
+        self.rec.css_alloc(css)
+    }
+    fn css_online(&self, css: &Css) -> Result<(), String> {
+        self.rec.css_online(css)
+    }
+    fn css_offline(&self, css: &Css) {
+        self.rec.css_offline(css)
+    }
+    fn css_released(&self, css: &Css) {
+        self.rec.css_released(css);
+        if css.cgroup_path() == self.trigger {
+            drop(self.held.lock().unwrap().take());
+        }
+    }
+    fn css_free(&self, css: &Css) {
+        self.rec.css_free(css)
+    }
+}
+
+/// The last put on css A runs A's release; A's `css_released` drops the
+/// last reference on css B; B's release and grace period let A's free run.
+/// It must not run while A's `PercpuRef::put` (and its release closure)
+/// is still on the stack: Miri with tree borrows reported "deallocation ...
+/// protected" here.
+#[test]
+fn css_is_not_freed_inside_its_own_release() {
+    let rec = Recorder::new("memory");
+    let ss = Arc::new(DropOnRelease {
+        rec: rec.clone(),
+        trigger: "/a",
+        held: Mutex::new(None),
+    });
+    let h = Hierarchy::new(vec![ss.clone()]);
+    let a = h.mkdir(&h.root(), "a").unwrap();
+    let b = h.mkdir(&h.root(), "b").unwrap();
+    let ra = a.css(0).unwrap();
+    *ss.held.lock().unwrap() = Some(b.css(0).unwrap());
+    h.rmdir(&b).unwrap();
+    h.rmdir(&a).unwrap();
+    assert_eq!(h.nr_css(), 2);
+    drop(ra); // A's last reference, from a thread not holding cgroup_mutex
+    assert!(h.flush());
+    assert_eq!(h.nr_css(), 0);
+    assert_eq!(check_lifecycle(&rec.events()), 2);
+}
+
+/// The same window without nesting: the last references are dropped on
+/// other threads while this one holds `cgroup_mutex` and runs destroy
+/// work; a release must not be visible to the destroy work before the
+/// put that made it has returned.
+#[test]
+fn last_puts_on_other_threads_race_with_destroy_work() {
+    let rec = Recorder::new("memory");
+    let h = Hierarchy::new(vec![rec.clone()]);
+    let n = if cfg!(miri) { 3 } else { 16 };
+    let rounds = if cfg!(miri) { 2 } else { 50 };
+    for round in 0..rounds {
+        let cgs: Vec<_> = (0..n)
+            .map(|i| h.mkdir(&h.root(), &format!("r{round}c{i}")).unwrap())
+            .collect();
+        let refs: Vec<CssRef> = cgs.iter().map(|c| c.css(0).unwrap()).collect();
+        for cg in &cgs {
+            h.rmdir(cg).unwrap();
+        }
+        std::thread::scope(|s| {
+            for r in refs {
+                s.spawn(move || drop(r));
+            }
+            for i in 0..n {
+                h.run_destroy_work();
+                let x = h.mkdir(&h.root(), &format!("r{round}x{i}")).unwrap();
+                h.rmdir(&x).unwrap();
+            }
+        });
+        assert!(h.flush());
+    }
+    assert_eq!(h.nr_css(), 0);
+    assert_eq!(check_lifecycle(&rec.events()), 2 * n * rounds);
+}
+
+// ----- item 10: a panicking subsystem callback ------------------------------
+
+/// Records every callback; panics once in `callback` on `/a`.
+struct PanicOnce {
+    rec: Arc<Recorder>,
+    callback: EventKind,
+    armed: AtomicBool,
+}
+
+impl PanicOnce {
+    fn new(callback: EventKind) -> (Arc<PanicOnce>, EventLog) {
+        let rec = Recorder::new("panicky");
+        let log = rec.log();
+        let ss = Arc::new(PanicOnce {
+            rec,
+            callback,
+            armed: AtomicBool::new(true),
+        });
+        (ss, log)
+    }
+
+    fn maybe_panic(&self, kind: EventKind, css: &Css) {
+        if kind == self.callback
+            && css.cgroup_path() == "/a"
+            && self.armed.swap(false, Ordering::SeqCst)
+        {
+            panic!("{} of /a failed", kind.callback());
+        }
+    }
+}
+
+impl Subsys for PanicOnce {
+    fn name(&self) -> &str {
+        "panicky"
+    }
+    fn css_alloc(&self, css: &Css) -> Result<(), String> {
+        self.rec.css_alloc(css)?;
+        self.maybe_panic(EventKind::Alloc, css);
+        Ok(())
+    }
+    fn css_online(&self, css: &Css) -> Result<(), String> {
+        self.rec.css_online(css)?;
+        self.maybe_panic(EventKind::Online, css);
+        Ok(())
+    }
+    fn css_offline(&self, css: &Css) {
+        self.rec.css_offline(css);
+        self.maybe_panic(EventKind::Offline, css);
+    }
+    fn css_released(&self, css: &Css) {
+        self.rec.css_released(css);
+        self.maybe_panic(EventKind::Released, css);
+    }
+    fn css_free(&self, css: &Css) {
+        self.rec.css_free(css);
+        self.maybe_panic(EventKind::Free, css);
+    }
+}
+
+/// `css_offline` panics during `rmdir`: the panic reaches the caller, the
+/// offline work still finishes (the css is released and freed), and the
+/// thread can use the hierarchy again.
+#[test]
+fn panic_in_css_offline_during_rmdir() {
+    let (ss, log) = PanicOnce::new(EventKind::Offline);
+    let h = Hierarchy::new(vec![ss.clone(), Recorder::with_log("memory", log.clone())]);
+    let a = h.mkdir(&h.root(), "a").unwrap();
+    let err = catch_unwind(AssertUnwindSafe(|| h.rmdir(&a))).expect_err("the panic propagates");
+    assert_eq!(panic_message(&*err), "css_offline of /a failed");
+    // The hierarchy is usable on this thread.
+    let b = h
+        .mkdir(&h.root(), "b")
+        .expect("mkdir after a panicking callback");
+    h.rmdir(&b).unwrap();
+    assert!(h.flush());
+    assert_eq!(h.nr_css(), 0, "the offline work was not lost");
+    assert_eq!(check_lifecycle(&events(&log)), 4);
+}
+
+/// `css_released` panics in the put that released the css: the panic
+/// reaches that put's caller, and the css is still freed.
+#[test]
+fn panic_in_css_released_during_the_last_put() {
+    let (ss, log) = PanicOnce::new(EventKind::Released);
+    let h = Hierarchy::new(vec![ss.clone()]);
+    let a = h.mkdir(&h.root(), "a").unwrap();
+    let r = a.css(0).unwrap();
+    h.rmdir(&a).unwrap();
+    let err = catch_unwind(AssertUnwindSafe(|| drop(r))).expect_err("the panic propagates");
+    assert_eq!(panic_message(&*err), "css_released of /a failed");
+    let b = h.mkdir(&h.root(), "b").unwrap();
+    h.rmdir(&b).unwrap();
+    assert!(h.flush());
+    assert_eq!(h.nr_css(), 0);
+    assert_eq!(check_lifecycle(&events(&log)), 2);
+}
+
+/// `css_free` runs after a grace period, from whichever call ran the free
+/// work; its panic comes out of `flush` (at most once), and the css is
+/// freed all the same.
+#[test]
+fn panic_in_css_free_surfaces_from_flush() {
+    let (ss, log) = PanicOnce::new(EventKind::Free);
+    let h = Hierarchy::new(vec![ss.clone()]);
+    let a = h.mkdir(&h.root(), "a").unwrap();
+    h.rmdir(&a).unwrap();
+    let mut panics = Vec::new();
+    for _ in 0..5 {
+        match catch_unwind(AssertUnwindSafe(|| h.flush())) {
+            Ok(done) => {
+                assert!(done);
+                break;
+            }
+            Err(p) => panics.push(panic_message(&*p)),
+        }
+    }
+    assert_eq!(panics, ["css_free of /a failed"]);
+    assert!(h.flush());
+    assert_eq!(h.nr_css(), 0);
+    assert_eq!(h.nr_css_ids(0), 1);
+    let b = h.mkdir(&h.root(), "b").unwrap();
+    h.rmdir(&b).unwrap();
+    assert!(h.flush());
+    assert_eq!(check_lifecycle(&events(&log)), 2);
+}
+
+/// `css_alloc` or `css_online` panicking in `mkdir`: undone as a refusal
+/// (nothing of the new cgroup is left), and the panic reaches the caller.
+#[test]
+fn panic_in_css_alloc_or_online_during_mkdir() {
+    for callback in [EventKind::Alloc, EventKind::Online] {
+        let (ss, log) = PanicOnce::new(callback);
+        let h = Hierarchy::new(vec![Recorder::with_log("memory", log.clone()), ss.clone()]);
+        let err = catch_unwind(AssertUnwindSafe(|| h.mkdir(&h.root(), "a")))
+            .expect_err("the panic propagates");
+        assert_eq!(
+            panic_message(&*err),
+            format!("{} of /a failed", callback.callback())
+        );
+        assert!(h.flush());
+        assert_eq!(h.nr_css(), 0, "{callback:?}: nothing of /a is left");
+        assert_eq!(h.nr_css_ids(0), 1);
+        assert_eq!(h.nr_css_ids(1), 1);
+        // The name is free again, and the thread can take cgroup_mutex.
+        let a = h.mkdir(&h.root(), "a").unwrap();
+        h.rmdir(&a).unwrap();
+        assert!(h.flush());
+        assert_eq!(h.nr_css(), 0);
+    }
+}
+
+/// The same in `WorkMode::Manual`, where the offline runs in
+/// `run_destroy_work`: the panic comes out of it, and the rest of the
+/// queue still runs.
+#[test]
+fn panic_in_css_offline_during_run_destroy_work() {
+    let (ss, log) = PanicOnce::new(EventKind::Offline);
+    let h = Hierarchy::with_options(
+        vec![ss.clone()],
+        Options {
+            work: WorkMode::Manual,
+            ..Options::default()
+        },
+    );
+    let a = h.mkdir(&h.root(), "a").unwrap();
+    let b = h.mkdir(&h.root(), "b").unwrap();
+    h.rmdir(&a).unwrap();
+    h.rmdir(&b).unwrap();
+    let err = catch_unwind(AssertUnwindSafe(|| h.run_destroy_work())).expect_err("propagates");
+    assert_eq!(panic_message(&*err), "css_offline of /a failed");
+    assert_eq!(count(&log, EventKind::Offline, "/b"), 1, "the queue ran on");
+    assert!(h.flush());
+    assert_eq!(h.nr_css(), 0);
+    assert_eq!(check_lifecycle(&events(&log)), 2);
+}
+
 // ----- item 11: a charge that cannot be stored -------------------------------
 
 /// `Pages::charge` of more pages than can be stored panics before taking

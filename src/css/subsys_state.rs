@@ -7,11 +7,27 @@
 //! ([`CssRef`], [`CssRefs`], css_sets, charges, child csses). It is freed
 //! by `css_free_work_fn`, which only runs a grace period after the last
 //! reference was put and the RCU pointers were cleared.
+//!
+//! # Releases leave the `PercpuRef` call first
+//!
+//! The refcount's release callback runs inside a [`PercpuRef`] method
+//! whose `&self` points into the css (and the callback's own closure lives
+//! in the css's `PercpuRef`). Destroy work run from there could free the
+//! css under those borrows: directly (a subsystem's `css_released` puts
+//! another css, whose grace period lets this css's free run), or on
+//! another thread (destroy work that saw the release queued runs the free
+//! while the releasing thread is still returning from the callback). So
+//! `css_release`, like the kernel's, does no work: it only records the
+//! css in a per-thread slot. Every put goes through [`css_put`], which,
+//! once the `PercpuRef` call has returned, hands the recorded release to
+//! the hierarchy's destroy queue (`settle_releases`). Until then no other
+//! thread knows the css was released, and nothing can free it.
 
 use super::hierarchy::{Cgroup, CgroupNode, Inner};
-use super::subsys::Subsys;
+use super::subsys::{CallbackPanics, Subsys};
 use crate::sync::{self, AtomicUsize, Mutex, Ordering};
 use crate::{InitFlags, PercpuRef};
+use std::cell::{Cell, RefCell};
 use std::fmt;
 use std::mem::MaybeUninit;
 use std::ops::Deref;
@@ -49,7 +65,8 @@ pub enum CssState {
 }
 
 /// A raw pointer to a css whose lifetime someone else guarantees (a held
-/// reference, an RCU read section, or `cgroup_mutex` plus a pin).
+/// reference, an RCU read section, `cgroup_mutex` plus a pin, or a release
+/// not yet handed on).
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub(crate) struct CssPtr(NonNull<Css>);
 
@@ -147,6 +164,8 @@ impl Css {
         } else {
             InitFlags::empty()
         };
+        // The release callback only records the release (see the module
+        // docs): it must not run destroy work inside the `PercpuRef` call.
         let refcnt = PercpuRef::with_flags(move |_| css_release(me), flags);
         let css = Css {
             refcnt,
@@ -187,12 +206,6 @@ impl Css {
     pub(crate) fn get_raw(&self, n: usize) {
         if self.flags.load(Ordering::Relaxed) & CSS_NO_REF == 0 {
             self.refcnt.get_many(n);
-        }
-    }
-
-    pub(crate) fn put_raw(&self, n: usize) {
-        if self.flags.load(Ordering::Relaxed) & CSS_NO_REF == 0 {
-            self.refcnt.put_many(n);
         }
     }
 
@@ -385,8 +398,8 @@ impl Clone for CssRef {
 
 impl Drop for CssRef {
     fn drop(&mut self) {
-        // Nothing touches the css after the put: it may be the last one.
-        self.deref().put_raw(1);
+        // SAFETY: this handle's reference, given up here.
+        unsafe { css_put(self.css, 1) };
     }
 }
 
@@ -437,9 +450,9 @@ impl CssRefs {
             self.n
         );
         self.n -= k;
-        // SAFETY: the handle's own reference stays, so this is never the
-        // last put and the css stays alive.
-        unsafe { self.css.get() }.put_raw(k);
+        // SAFETY: `k` of the references held, given up here; the handle's
+        // own reference stays, so this is never the last put.
+        unsafe { css_put(self.css, k) };
     }
 }
 
@@ -454,9 +467,8 @@ impl Deref for CssRefs {
 
 impl Drop for CssRefs {
     fn drop(&mut self) {
-        // SAFETY: the `n` references counted plus the handle's own keep
-        // the css alive for the put; nothing touches it afterwards.
-        unsafe { self.css.get() }.put_raw(self.n + 1);
+        // SAFETY: the `n` references counted plus the handle's own.
+        unsafe { css_put(self.css, self.n + 1) };
     }
 }
 
@@ -483,20 +495,112 @@ pub(crate) enum Work {
 }
 
 impl Work {
-    /// Runs the work; the caller holds `cgroup_mutex`.
-    pub(crate) fn run(self, inner: &Arc<Inner>) {
+    /// Runs the work; the caller holds `cgroup_mutex`. Panics of subsystem
+    /// callbacks are caught into `panics` and the work completes.
+    pub(crate) fn run(self, inner: &Arc<Inner>, panics: &mut CallbackPanics) {
         match self {
-            Work::Offline(p) => css_killed_work_fn(p),
-            Work::Release(p) => css_release_work_fn(inner, p),
-            Work::Free(p) => css_free_work_fn(inner, p),
+            Work::Offline(p) => css_killed_work_fn(p, panics),
+            Work::Release(p) => css_release_work_fn(inner, p, panics),
+            Work::Free(p) => css_free_work_fn(inner, p, panics),
         }
     }
 }
 
+// ----- puts, and handing releases on from a clean stack ---------------------
+
+// The css released by this thread's current `PercpuRef` call, to be handed
+// on once the call has returned (see the module docs).
+#[cfg(not(loom))]
+sync::thread_local! {
+    static RELEASED: Cell<Option<CssPtr>> = const { Cell::new(None) };
+    static RELEASED_MORE: RefCell<Vec<CssPtr>> = const { RefCell::new(Vec::new()) };
+}
+// loom's macro takes no `const` block.
+#[cfg(loom)]
+sync::thread_local! {
+    static RELEASED: Cell<Option<CssPtr>> = Cell::new(None);
+    static RELEASED_MORE: RefCell<Vec<CssPtr>> = RefCell::new(Vec::new());
+}
+
+/// `css_put_many`: puts `n` references, then hands on a release it caused.
+///
+/// # Safety
+///
+/// The caller holds `n` references on `p` and gives them up. It must not
+/// hold a `&Css` of `p` across this call that is not kept alive by
+/// something else (an RCU read section, another reference): the release
+/// this put causes may free the css before it returns.
+pub(crate) unsafe fn css_put(p: CssPtr, n: usize) {
+    let _settle = SettleReleases;
+    // SAFETY: the caller's references keep the css alive for the put; the
+    // `&Css` ends with it.
+    let css = unsafe { p.get() };
+    if css.flags.load(Ordering::Relaxed) & CSS_NO_REF == 0 {
+        css.refcnt.put_many(n);
+    }
+}
+
+/// Hands on, when dropped, the releases that the `PercpuRef` calls made
+/// meanwhile on this thread recorded, even if one of them panicked.
+/// Panics of subsystem callbacks run meanwhile are resumed after.
+pub(crate) struct SettleReleases;
+
+impl Drop for SettleReleases {
+    #[inline]
+    fn drop(&mut self) {
+        if RELEASED.with(|c| c.get().is_some()) {
+            let mut panics = CallbackPanics::default();
+            settle_releases(&mut panics);
+            panics.resume();
+        }
+    }
+}
+
+/// Hands on every release recorded by this thread's `PercpuRef` calls
+/// that have returned; callback panics are kept in `panics`.
+#[cold]
+pub(crate) fn settle_releases(panics: &mut CallbackPanics) {
+    while let Some(p) = RELEASED.with(Cell::take) {
+        hand_on_release(p, panics);
+        let more = RELEASED_MORE.with(|v| v.borrow_mut().pop());
+        if let Some(q) = more {
+            RELEASED.with(|c| c.set(Some(q)));
+        }
+    }
+}
+
+/// Hands the release of `p` to the hierarchy's destroy queue.
+fn hand_on_release(p: CssPtr, panics: &mut CallbackPanics) {
+    // SAFETY: the count reached zero in a `PercpuRef` call of this thread
+    // that has returned, and no one else knows yet, so nothing frees the
+    // css before the release is queued below.
+    let css = unsafe { p.get() };
+    // Our own handle on the hierarchy: once the work is queued, another
+    // thread may free the css (and drop the css's handle) at any time.
+    let inner = hier_of(css).clone();
+    inner.queue_work(Work::Release(p), panics);
+}
+
+/// `css_release`: the refcount's release callback. It runs inside the
+/// `PercpuRef` call that put the last reference, on whichever thread made
+/// it, with that call's borrows of the css live, so it only records the
+/// release; the `css_put` (or `kill_css`) around the call hands it on.
+fn css_release(p: CssPtr) {
+    if let Some(earlier) = RELEASED.with(|c| c.replace(Some(p))) {
+        // Only after a panic skipped a hand-on (no wrapper does): keep it.
+        RELEASED_MORE.with(|v| v.borrow_mut().push(earlier));
+    }
+}
+
+// ----- the lifecycle of a non-root css ----------------------------------------
+
 /// `online_css`: the subsystem's `css_online`, then mark online, publish in
 /// the cgroup's `subsys[]`, and count in `online_cnt` (own and parent's).
-pub(crate) fn online_css(css: &Css) -> Result<(), String> {
-    css.subsys.css_online(css)?;
+/// A panicking `css_online` counts as a refusal (the panic is kept).
+pub(crate) fn online_css(css: &Css, panics: &mut CallbackPanics) -> Result<(), String> {
+    panics
+        .call(|| css.subsys.css_online(css))
+        .unwrap_or_else(|| Err(String::from("css_online panicked")))?;
     css.set_flags(CSS_ONLINE);
     css.cgroup.subsys[css.ssid].store(css.ptr().as_ptr(), Ordering::Release);
     css.online_cnt.fetch_add(1, Ordering::AcqRel);
@@ -519,6 +623,9 @@ pub(crate) fn kill_css(p: CssPtr) {
     if !cfg!(percpu_ref_mutant = "css_no_kill_ref") {
         css.get_raw(1);
     }
+    // A release by the kill (only without the extra reference) is handed
+    // on once `kill_and_confirm` has returned.
+    let _settle = SettleReleases;
     if let Err(e) = css.refcnt.kill_and_confirm(|_| css_killed_ref_fn(p)) {
         panic!("kill_css: css {} of {}: {e}", css.id, css.cgroup_path());
     }
@@ -536,21 +643,27 @@ fn css_killed_ref_fn(p: CssPtr) {
     let last = css.online_cnt.fetch_sub(1, Ordering::AcqRel) == 1;
     // mutant css_no_online_cnt: offline at once, whatever the children.
     if last || cfg!(percpu_ref_mutant = "css_no_online_cnt") {
-        hier_of(css).queue_work(Work::Offline(p));
+        // This thread holds cgroup_mutex (only `rmdir` and `mkdir`'s undo
+        // kill), so this only queues: nothing runs inside the confirm.
+        let mut panics = CallbackPanics::default();
+        hier_of(css).queue_work(Work::Offline(p), &mut panics);
+        debug_assert!(panics.take().is_none());
     }
 }
 
 /// `css_killed_work_fn`: offline the css, drop the kill's extra reference,
 /// and walk up: a dying parent whose last online child this was goes
 /// offline now too.
-fn css_killed_work_fn(mut p: CssPtr) {
+fn css_killed_work_fn(mut p: CssPtr, panics: &mut CallbackPanics) {
     loop {
         // SAFETY: under cgroup_mutex (frees wait for it); `p` is pinned by
         // the kill's extra reference, or by its child that we came from.
         let css = unsafe { p.get() };
-        offline_css(css);
+        offline_css(css, panics);
         let parent = css.parent;
-        css.put_raw(1);
+        // SAFETY: the kill's extra reference; a release it causes is only
+        // queued (we hold cgroup_mutex), so `p` stays valid meanwhile.
+        unsafe { css_put(p, 1) };
         if cfg!(percpu_ref_mutant = "css_no_online_cnt") {
             return;
         }
@@ -567,11 +680,11 @@ fn css_killed_work_fn(mut p: CssPtr) {
 
 /// `offline_css`: the subsystem's `css_offline`, then unpublish from the
 /// cgroup's `subsys[]`.
-fn offline_css(css: &Css) {
+fn offline_css(css: &Css, panics: &mut CallbackPanics) {
     if !css.is_online() {
         return;
     }
-    css.subsys.css_offline(css);
+    panics.call(|| css.subsys.css_offline(css));
     css.clear_flags(CSS_ONLINE);
     css.set_flags(CSS_OFFLINED);
     let _ = css.cgroup.subsys[css.ssid].compare_exchange(
@@ -582,19 +695,9 @@ fn offline_css(css: &Css) {
     );
 }
 
-/// `css_release`: the refcount's release callback. Runs on whichever
-/// thread put the last reference, possibly holding other locks, so it only
-/// queues the release work.
-fn css_release(p: CssPtr) {
-    // SAFETY: the count just reached zero, and frees only happen after the
-    // release work below ran and a grace period passed.
-    let css = unsafe { p.get() };
-    hier_of(css).clone().queue_work(Work::Release(p));
-}
-
 /// `css_release_work_fn`: mark released, unlink from the parent's children
 /// and the id table, tell the subsystem, and free after a grace period.
-fn css_release_work_fn(inner: &Arc<Inner>, p: CssPtr) {
+fn css_release_work_fn(inner: &Arc<Inner>, p: CssPtr, panics: &mut CallbackPanics) {
     // SAFETY: under cgroup_mutex; released but not yet queued for freeing.
     let css = unsafe { p.get() };
     css.set_flags(CSS_RELEASED);
@@ -602,18 +705,18 @@ fn css_release_work_fn(inner: &Arc<Inner>, p: CssPtr) {
         sync::lock(&parent.children).retain(|&id| id != css.id);
     }
     inner.idrs[css.ssid].unpublish(css.id);
-    css.subsys.css_released(css);
+    panics.call(|| css.subsys.css_released(css));
     inner.queue_rcu_work(Work::Free(p));
 }
 
 /// `css_free_rwork_fn`: a grace period after release nothing can reach the
 /// css: tell the subsystem, free it, free its id, and put the parent.
-fn css_free_work_fn(inner: &Arc<Inner>, p: CssPtr) {
+fn css_free_work_fn(inner: &Arc<Inner>, p: CssPtr, panics: &mut CallbackPanics) {
     // SAFETY: a grace period passed since the css was unpublished; only this
     // work can reach it.
     let css = unsafe { p.get() };
     let (id, ssid, parent) = (css.id, css.ssid, css.parent);
-    css.subsys.css_free(css);
+    panics.call(|| css.subsys.css_free(css));
     let live_children = sync::lock(&css.children).len();
     assert!(
         live_children == 0,
@@ -625,8 +728,8 @@ fn css_free_work_fn(inner: &Arc<Inner>, p: CssPtr) {
     inner.idrs[ssid].remove(id);
     inner.css_freed();
     if let Some(pp) = parent {
-        // SAFETY: the reference we are about to put keeps the parent alive.
-        unsafe { pp.get() }.put_raw(1);
+        // SAFETY: the css's pin on its parent, given up here.
+        unsafe { css_put(pp, 1) };
     }
 }
 
