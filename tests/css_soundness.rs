@@ -20,8 +20,6 @@
 //! tests check the css model's own frees instead (`nr_css`, the `Free`
 //! events, root csses included).
 
-#![allow(dead_code, unused_imports)]
-
 mod css_common;
 use css_common::check_lifecycle;
 
@@ -125,6 +123,184 @@ fn css_refs_with_zero_count_keeps_the_css_alive() {
     assert_eq!(check_lifecycle(&rec.events()), 2);
     let guard = h.rcu_read_lock();
     assert!(h.css_from_id(0, id, &guard).is_none());
+}
+
+// ----- item 2: the root css outlives every handle on it ----------------------
+
+/// A `CssRef` on the root css, the hierarchy dropped first.
+#[test]
+fn root_css_ref_outlives_the_hierarchy() {
+    let rec = Recorder::new("memory");
+    let h = Hierarchy::new(vec![rec.clone()]);
+    let r = h.root().css(0).unwrap();
+    let log = rec.log();
+    drop(h);
+    assert_eq!(
+        count(&log, EventKind::Released, "/"),
+        0,
+        "released while referenced"
+    );
+    assert_eq!(
+        count(&log, EventKind::Free, "/"),
+        0,
+        "freed while referenced"
+    );
+    assert!(r.is_root());
+    assert_eq!(r.cgroup_path(), "/");
+    assert_eq!(r.state(), CssState::Offline, "the hierarchy is gone");
+    assert!(r.tryget_online().is_none());
+    let r2 = r.tryget().expect("still referenced");
+    drop(r);
+    assert_eq!(count(&log, EventKind::Released, "/"), 0);
+    drop(r2);
+    assert_eq!(count(&log, EventKind::Released, "/"), 1);
+    assert_root_freed(&log);
+    let kinds: Vec<EventKind> = events(&log).iter().map(|e| e.kind).collect();
+    use EventKind::*;
+    assert_eq!(kinds, [Alloc, Online, Offline, Released, Free]);
+}
+
+/// A root `Cgroup` handle: its css slots are cleared when the hierarchy
+/// goes, so `css()` finds nothing instead of a freed css.
+#[test]
+fn root_cgroup_handle_outlives_the_hierarchy() {
+    let rec = Recorder::new("memory");
+    let h = Hierarchy::new(vec![rec.clone()]);
+    let root = h.root();
+    let log = rec.log();
+    drop(h);
+    assert_eq!(count(&log, EventKind::Released, "/"), 1);
+    assert!(root.css(0).is_none(), "the root css was taken down");
+    assert!(!root.is_online());
+    assert_eq!(root.path(), "/");
+    assert_root_freed(&log);
+    assert!(root.css(0).is_none());
+}
+
+/// `Cgroup::css` on the root on other threads while the last hierarchy
+/// handle is dropped: each call finds the root css and keeps it, or finds
+/// nothing; never a freed css.
+#[test]
+fn root_cgroup_css_races_with_the_hierarchy_drop() {
+    let rounds = if cfg!(miri) { 3 } else { 200 };
+    for _ in 0..rounds {
+        let rec = Recorder::new("memory");
+        let h = Hierarchy::new(vec![rec.clone()]);
+        let root = h.root();
+        let log = rec.log();
+        let got = std::thread::scope(|s| {
+            let readers: Vec<_> = (0..2)
+                .map(|_| {
+                    let root = root.clone();
+                    s.spawn(move || {
+                        let mut kept = Vec::new();
+                        for _ in 0..4 {
+                            if let Some(r) = root.css(0) {
+                                assert_eq!(r.cgroup_path(), "/");
+                                kept.push(r);
+                            }
+                            std::thread::yield_now();
+                        }
+                        kept
+                    })
+                })
+                .collect();
+            drop(h);
+            readers
+                .into_iter()
+                .flat_map(|t| t.join().unwrap())
+                .collect::<Vec<_>>()
+        });
+        assert!(root.css(0).is_none());
+        let freed = count(&log, EventKind::Free, "/");
+        assert_eq!(freed, usize::from(got.is_empty()));
+        drop(got);
+        assert_root_freed(&log);
+    }
+}
+
+/// A task in the root cgroup: its css_set holds the root css.
+#[test]
+fn task_in_root_outlives_the_hierarchy() {
+    let rec = Recorder::new("memory");
+    let h = Hierarchy::new(vec![rec.clone()]);
+    let task = h.spawn(&h.root()).unwrap();
+    let log = rec.log();
+    drop(h);
+    assert_eq!(
+        count(&log, EventKind::Released, "/"),
+        0,
+        "released under a task"
+    );
+    assert_eq!(count(&log, EventKind::Free, "/"), 0, "freed under a task");
+    assert_eq!(task.css_set().css(0).cgroup_path(), "/");
+    let r = task.get_css(0);
+    assert!(r.is_root());
+    drop(r);
+    assert_eq!(task.cgroup().nr_tasks(), 1);
+    drop(task);
+    assert_eq!(count(&log, EventKind::Released, "/"), 1);
+    assert_root_freed(&log);
+}
+
+/// Pages charged to the root css.
+#[test]
+fn pages_charged_to_root_outlive_the_hierarchy() {
+    let rec = Recorder::new("memory");
+    let h = Hierarchy::new(vec![rec.clone()]);
+    let a = h.mkdir(&h.root(), "a").unwrap();
+    let mut pages = Pages::new();
+    {
+        let (cr, ca) = (h.root().css(0).unwrap(), a.css(0).unwrap());
+        pages.charge(&cr, 5);
+        pages.charge(&ca, 2);
+    }
+    h.rmdir(&a).unwrap();
+    let log = rec.log();
+    drop(h); // /a is pinned by its pages, the hierarchy by /a
+    assert_eq!(count(&log, EventKind::Offline, "/"), 0);
+    assert_eq!(pages.uncharge(2), 2); // /a's last references
+    wait_grace_period();
+    for _ in 0..100 {
+        if count(&log, EventKind::Free, "/a") == 1 {
+            break;
+        }
+        wait_grace_period();
+    }
+    assert_eq!(count(&log, EventKind::Free, "/a"), 1);
+    // /a's free dropped the last hierarchy reference: the root went offline
+    // but five pages still hold it.
+    assert_eq!(count(&log, EventKind::Offline, "/"), 1);
+    assert_eq!(
+        count(&log, EventKind::Released, "/"),
+        0,
+        "released under pages"
+    );
+    assert_eq!(pages.len(), 5);
+    drop(pages);
+    assert_eq!(count(&log, EventKind::Released, "/"), 1);
+    assert_root_freed(&log);
+}
+
+/// `css_from_id` finds the root css too; what it returns is bound to the
+/// hierarchy handle and the guard (a `compile_fail` doctest on
+/// `Hierarchy::css_from_id` checks it cannot outlive them). Here: a
+/// reference taken from it keeps the root css alive.
+#[test]
+fn root_found_by_id_then_referenced_outlives_the_hierarchy() {
+    let rec = Recorder::new("memory");
+    let h = Hierarchy::new(vec![rec.clone()]);
+    let r = {
+        let guard = h.rcu_read_lock();
+        let root_id = h.root().css(0).unwrap().id();
+        h.css_from_id(0, root_id, &guard).unwrap().tryget().unwrap()
+    };
+    let log = rec.log();
+    drop(h);
+    assert_eq!(count(&log, EventKind::Released, "/"), 0);
+    assert!(r.is_root());
+    drop(r);
+    assert_root_freed(&log);
 }
 
 // ----- item 3: no css is freed inside its own release -----------------------

@@ -36,7 +36,9 @@
 use super::idr::Idr;
 use super::rcu::{self, RcuGuard};
 use super::subsys::{CallbackPanics, Payload, Subsys};
-use super::subsys_state::{kill_css, online_css, Css, CssInit, CssPtr, CssRef, Work, CSS_NO_REF};
+use super::subsys_state::{
+    kill_css, kill_root_css, online_css, Css, CssInit, CssPtr, CssRef, Work,
+};
 use crate::sync::{self, AtomicBool, AtomicPtr, AtomicUsize, Mutex, MutexGuard, Ordering};
 use std::collections::{BTreeMap, VecDeque};
 use std::fmt;
@@ -210,11 +212,25 @@ pub(crate) struct CgroupNode {
     pub(crate) nr_tasks: AtomicUsize,
     /// Online children, by name.
     children: Mutex<BTreeMap<String, Arc<CgroupNode>>>,
+    /// Root cgroup only: held while [`Cgroup::css`] reads a `subsys[]`
+    /// slot and takes its reference, and while the hierarchy's teardown
+    /// clears the slot (see `kill_root_css`). A root css is freed without
+    /// a grace period, so its slot is not an RCU pointer.
+    root_slots: Mutex<()>,
 }
 
 impl CgroupNode {
     pub(crate) fn path(&self) -> &str {
         &self.path
+    }
+
+    /// Clears the root cgroup's slot for `ssid`: from now on
+    /// [`Cgroup::css`] finds nothing there, and no call that found the css
+    /// is still between its load and its `tryget_online`.
+    pub(crate) fn clear_root_slot(&self, ssid: usize) {
+        debug_assert!(self.parent.is_none());
+        let _g = sync::lock(&self.root_slots);
+        self.subsys[ssid].store(std::ptr::null_mut(), Ordering::Release);
     }
 }
 
@@ -269,10 +285,21 @@ impl Cgroup {
 
     /// The cgroup's online css for subsystem `ssid`, with a reference
     /// (`cgroup_css` under RCU, then `css_tryget_online`). `None` once the
-    /// cgroup was removed, or if `ssid` is out of range.
+    /// cgroup was removed (for the root cgroup: once its hierarchy was
+    /// dropped), or if `ssid` is out of range.
     pub fn css(&self, ssid: usize) -> Option<CssRef> {
+        let slot = self.node.subsys.get(ssid)?;
+        if self.node.parent.is_none() {
+            let _g = sync::lock(&self.node.root_slots);
+            let p = slot.load(Ordering::Acquire);
+            // SAFETY: a root css's slot is cleared under this lock before
+            // the hierarchy drops its base reference (`kill_root_css`), so
+            // a css found here holds that reference until we unlock.
+            let css = unsafe { CssPtr::from_raw(p)?.get() };
+            return css.tryget_online();
+        }
         let _rcu = rcu::read_lock();
-        let p = self.node.subsys.get(ssid)?.load(Ordering::Acquire);
+        let p = slot.load(Ordering::Acquire);
         // SAFETY: the slot is cleared at offline, before release, and a css
         // is freed only a grace period after release; we are inside a read
         // section that began before we loaded the pointer.
@@ -586,7 +613,6 @@ impl Inner {
             subsys: subsys.clone(),
             hier: Some(self.clone()),
             atomic_refcnt: self.opts.refcnt == RefcntMode::Atomic,
-            flags: 0,
         });
         self.nr_css.fetch_add(1, Ordering::AcqRel);
         // SAFETY: we own the new css; nobody else can reach it yet.
@@ -626,19 +652,17 @@ impl Inner {
 
 impl Drop for Inner {
     fn drop(&mut self) {
-        // Every non-root css holds the hierarchy, so only the roots are left:
-        // take them through the rest of the lifecycle.
-        for (ssid, &p) in self.root_css.iter().enumerate() {
-            // SAFETY: root csses are only freed here.
-            let css = unsafe { p.get() };
-            let subsys = &self.subsys[ssid];
-            subsys.css_offline(css);
-            subsys.css_released(css);
-            subsys.css_free(css);
-            self.idrs[ssid].remove(css.id());
-            // SAFETY: the hierarchy is gone, so nothing can reach the root.
-            unsafe { Css::dealloc(p) };
+        // Every non-root css holds the hierarchy, so only the roots are left
+        // (and no `Hierarchy` handle, so no lookup by id). Take each down:
+        // offline it and drop the hierarchy's base reference. It is
+        // released when the last task, page or `CssRef` on it goes (maybe
+        // now), and freed a grace period later.
+        self.root.online.store(false, Ordering::Release);
+        let mut panics = CallbackPanics::default();
+        for &p in &self.root_css {
+            kill_root_css(p, &mut panics);
         }
+        panics.resume();
     }
 }
 
@@ -647,7 +671,10 @@ impl Drop for Inner {
 /// Cloning gives another handle to the same hierarchy. The hierarchy lives
 /// until every handle is dropped *and* every non-root css was freed;
 /// cgroups never removed keep it (and themselves) alive, as a mounted
-/// hierarchy with children stays.
+/// hierarchy with children stays. Its root csses are then taken offline
+/// and live on while references hold them (tasks in the root cgroup,
+/// pages charged to it, [`CssRef`]s); see the [module docs](super),
+/// *What keeps the root alive*.
 ///
 /// # Examples
 ///
@@ -699,6 +726,7 @@ impl Hierarchy {
             online: AtomicBool::new(true),
             nr_tasks: AtomicUsize::new(0),
             children: Mutex::new(BTreeMap::new()),
+            root_slots: Mutex::new(()),
         });
         let idrs: Vec<Idr> = subsys.iter().map(|_| Idr::new(opts.max_css_ids)).collect();
         // Built before the root csses, so that if one is refused (or its
@@ -732,7 +760,6 @@ impl Hierarchy {
                 subsys: ss.clone(),
                 hier: None,
                 atomic_refcnt: inner.opts.refcnt == RefcntMode::Atomic,
-                flags: CSS_NO_REF,
             });
             // SAFETY: we own it.
             let css = unsafe { p.get() };
@@ -816,6 +843,7 @@ impl Hierarchy {
                 online: AtomicBool::new(true),
                 nr_tasks: AtomicUsize::new(0),
                 children: Mutex::new(BTreeMap::new()),
+                root_slots: Mutex::new(()),
             });
             for ssid in 0..inner.subsys.len() {
                 if let Err(e) = inner.css_create(&node, ssid, &mut g.panics) {
@@ -890,7 +918,8 @@ impl Hierarchy {
     }
 
     /// `css_from_id`: the css with `id` in subsystem `ssid`, valid while
-    /// `guard` is held. It may be dying or offline; take a reference with
+    /// `guard` is held, and no longer than this hierarchy handle is
+    /// borrowed. It may be dying or offline; take a reference with
     /// [`Css::tryget_online`] (or [`Css::tryget`]) to keep it.
     ///
     /// # Examples
@@ -905,12 +934,27 @@ impl Hierarchy {
     /// drop(guard);
     /// assert_eq!(css.cgroup_path(), "/a");
     /// ```
-    pub fn css_from_id<'g>(&self, ssid: usize, id: u32, guard: &'g RcuGuard) -> Option<&'g Css> {
+    ///
+    /// What it returns cannot outlive the hierarchy handle (nor the guard):
+    ///
+    /// ```compile_fail
+    /// use percpu_ref::css::{Hierarchy, Recorder};
+    /// let guard;
+    /// let root_css;
+    /// {
+    ///     let h = Hierarchy::new(vec![Recorder::new("memory")]);
+    ///     guard = h.rcu_read_lock();
+    ///     root_css = h.css_from_id(0, 1, &guard).unwrap();
+    /// } // `h` is dropped here
+    /// assert!(root_css.is_root());
+    /// ```
+    pub fn css_from_id<'a>(&'a self, ssid: usize, id: u32, guard: &'a RcuGuard) -> Option<&'a Css> {
         let _ = guard;
         let p = CssPtr::from_raw(self.inner.idrs.get(ssid)?.find(id))?;
-        // SAFETY: the slot is cleared at release and the css freed a grace
-        // period later; `guard` is a read section that began before the load
-        // and outlives the returned reference.
+        // SAFETY: the slot is cleared at release (a root css's when the
+        // hierarchy goes, which `&'a self` rules out) and the css freed a
+        // grace period after; `guard` is a read section that began before
+        // the load and outlives the returned reference.
         Some(unsafe { p.get() })
     }
 

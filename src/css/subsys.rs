@@ -22,13 +22,16 @@ use std::sync::{Arc, Mutex};
 /// 4. [`css_released`](Self::css_released) — the last reference was put;
 ///    the css is unlinked from its parent and the id table.
 /// 5. [`css_free`](Self::css_free) — a grace period later: nothing can
-///    reach the css any more. Every child was freed before.
+///    reach the css any more. Every child was freed before. (A root css
+///    goes offline when its hierarchy is dropped, and is released and
+///    freed together by the last put on it; see the [module
+///    docs](super), *What keeps the root alive*.)
 ///
 /// The callbacks run with the hierarchy's `cgroup_mutex` held (except
 /// `css_alloc`/`css_online` of a hierarchy's root css, run at creation,
-/// and the root's teardown when the hierarchy is dropped): they must not
-/// call `mkdir`, `rmdir`, `attach` or `run_destroy_work` on the same
-/// hierarchy.
+/// and the root's teardown, which starts when the last [`Hierarchy`]
+/// handle is dropped): they must not call `mkdir`, `rmdir`, `attach` or
+/// `run_destroy_work` on the same hierarchy.
 ///
 /// # Panics in callbacks
 ///

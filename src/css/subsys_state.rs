@@ -34,9 +34,6 @@ use std::ops::Deref;
 use std::ptr::NonNull;
 use std::sync::Arc;
 
-/// The root css of a hierarchy is not reference counted (the kernel's
-/// `CSS_NO_REF`): get and put on it do nothing.
-pub(crate) const CSS_NO_REF: usize = 1 << 0;
 /// Between `online_css` and `offline_css`.
 pub(crate) const CSS_ONLINE: usize = 1 << 1;
 /// Set by `css_release_work_fn`.
@@ -102,6 +99,9 @@ impl CssPtr {
 /// A cgroup subsystem state: one cgroup's state for one subsystem, kept
 /// alive by a [`PercpuRef`].
 ///
+/// Every css is counted, the root css included (see the [module
+/// docs](super), *What keeps the root alive*).
+///
 /// Obtained as a [`CssRef`] (from [`Cgroup::css`], a task's css_set, or a
 /// `tryget`), or as `&Css` under an RCU read section from
 /// [`Hierarchy::css_from_id`](super::Hierarchy::css_from_id).
@@ -134,9 +134,9 @@ pub struct Css {
     pub(crate) parent: Option<CssPtr>,
     pub(crate) cgroup: Arc<CgroupNode>,
     pub(crate) subsys: Arc<dyn Subsys>,
-    /// The hierarchy, for queueing destroy work; `None` for a root css
-    /// (which is never released, and would otherwise keep its own
-    /// hierarchy alive).
+    /// The hierarchy, for queueing destroy work; `None` for a root css,
+    /// which the hierarchy holds (its base reference) and which is only
+    /// released after the hierarchy is gone (see `root_release`).
     pub(crate) hier: Option<Arc<Inner>>,
     /// Ids of linked child csses (`css->children`), under `cgroup_mutex`.
     pub(crate) children: Mutex<Vec<u32>>,
@@ -150,7 +150,6 @@ pub(crate) struct CssInit {
     pub(crate) subsys: Arc<dyn Subsys>,
     pub(crate) hier: Option<Arc<Inner>>,
     pub(crate) atomic_refcnt: bool,
-    pub(crate) flags: usize,
 }
 
 impl Css {
@@ -169,7 +168,7 @@ impl Css {
         let refcnt = PercpuRef::with_flags(move |_| css_release(me), flags);
         let css = Css {
             refcnt,
-            flags: AtomicUsize::new(init.flags),
+            flags: AtomicUsize::new(0),
             online_cnt: AtomicUsize::new(0),
             id: init.id,
             ssid: init.ssid,
@@ -204,9 +203,7 @@ impl Css {
     // ----- the kernel's css refcount operations -----------------------------
 
     pub(crate) fn get_raw(&self, n: usize) {
-        if self.flags.load(Ordering::Relaxed) & CSS_NO_REF == 0 {
-            self.refcnt.get_many(n);
-        }
+        self.refcnt.get_many(n);
     }
 
     /// `css_get`: takes a reference. The caller must already hold one (or
@@ -244,16 +241,16 @@ impl Css {
     /// `css_tryget`: takes a reference unless the count is zero (the css
     /// was released). Succeeds on dying and offline csses.
     pub fn tryget(&self) -> Option<CssRef> {
-        let ok = self.is_root() || self.refcnt.tryget();
-        ok.then(|| CssRef { css: self.ptr() })
+        self.refcnt.tryget().then(|| CssRef { css: self.ptr() })
     }
 
     /// `css_tryget_online`: takes a reference unless the css was killed.
     /// Once `rmdir` has killed it (its confirm ran), this fails on every
-    /// thread.
+    /// thread. A root css is killed when its hierarchy is dropped.
     pub fn tryget_online(&self) -> Option<CssRef> {
-        let ok = self.is_root() || self.refcnt.tryget_live();
-        ok.then(|| CssRef { css: self.ptr() })
+        self.refcnt
+            .tryget_live()
+            .then(|| CssRef { css: self.ptr() })
     }
 
     // ----- queries ----------------------------------------------------------
@@ -291,9 +288,9 @@ impl Css {
         self.parent.map(|p| unsafe { p.get() })
     }
 
-    /// Whether this is a hierarchy's root css (not reference counted).
+    /// Whether this is a hierarchy's root css.
     pub fn is_root(&self) -> bool {
-        self.flags.load(Ordering::Relaxed) & CSS_NO_REF != 0
+        self.parent.is_none()
     }
 
     /// The lifecycle state.
@@ -534,10 +531,7 @@ pub(crate) unsafe fn css_put(p: CssPtr, n: usize) {
     let _settle = SettleReleases;
     // SAFETY: the caller's references keep the css alive for the put; the
     // `&Css` ends with it.
-    let css = unsafe { p.get() };
-    if css.flags.load(Ordering::Relaxed) & CSS_NO_REF == 0 {
-        css.refcnt.put_many(n);
-    }
+    unsafe { p.get() }.refcnt.put_many(n);
 }
 
 /// Hands on, when dropped, the releases that the `PercpuRef` calls made
@@ -569,16 +563,19 @@ pub(crate) fn settle_releases(panics: &mut CallbackPanics) {
     }
 }
 
-/// Hands the release of `p` to the hierarchy's destroy queue.
+/// Hands the release of `p` to whoever runs it: the hierarchy's destroy
+/// queue, or, for a root css, this thread.
 fn hand_on_release(p: CssPtr, panics: &mut CallbackPanics) {
     // SAFETY: the count reached zero in a `PercpuRef` call of this thread
     // that has returned, and no one else knows yet, so nothing frees the
     // css before the release is queued below.
-    let css = unsafe { p.get() };
-    // Our own handle on the hierarchy: once the work is queued, another
-    // thread may free the css (and drop the css's handle) at any time.
-    let inner = hier_of(css).clone();
-    inner.queue_work(Work::Release(p), panics);
+    let hier = unsafe { p.get() }.hier.clone();
+    match hier {
+        // Our own handle on the hierarchy: once the work is queued, another
+        // thread may free the css (and drop the css's handle) at any time.
+        Some(inner) => inner.queue_work(Work::Release(p), panics),
+        None => root_release(p, panics),
+    }
 }
 
 /// `css_release`: the refcount's release callback. It runs inside the
@@ -590,6 +587,55 @@ fn css_release(p: CssPtr) {
         // Only after a panic skipped a hand-on (no wrapper does): keep it.
         RELEASED_MORE.with(|v| v.borrow_mut().push(earlier));
     }
+}
+
+// ----- the root css ---------------------------------------------------------
+
+/// Takes a root css down when its hierarchy goes (`Inner::drop`): unpublish
+/// it from the root cgroup (later [`Cgroup::css`] calls find nothing),
+/// offline it, and drop the hierarchy's base reference. It is released
+/// and freed when the last reference on it is put: now, or when the last
+/// task, page or [`CssRef`] on it goes.
+///
+/// No grace period is needed before the free: once the hierarchy is gone
+/// the id table is gone too (and [`Hierarchy::css_from_id`]'s result is
+/// bound to a hierarchy handle), and the root cgroup's slot, the only
+/// other way to the css without a reference, is cleared under the lock
+/// that [`Cgroup::css`] holds from its load to its `tryget_online`.
+///
+/// [`Hierarchy::css_from_id`]: super::Hierarchy::css_from_id
+pub(crate) fn kill_root_css(p: CssPtr, panics: &mut CallbackPanics) {
+    // SAFETY: the hierarchy holds the root's base reference until the kill
+    // below; this `&Css` is not used after it.
+    let css = unsafe { p.get() };
+    css.cgroup.clear_root_slot(css.ssid);
+    css.set_flags(CSS_DYING);
+    offline_css(css, panics);
+    // Hands on a release by the kill even if the kill panics; on success
+    // the release is handed on below, with its panics kept.
+    let settle = SettleReleases;
+    if let Err(e) = css.refcnt.kill() {
+        panic!("root css {} of {}: {e}", css.id, css.cgroup_path());
+    }
+    std::mem::forget(settle);
+    settle_releases(panics);
+}
+
+/// The release of a root css, on the thread that put its last reference
+/// (its hierarchy is gone, so there is no destroy queue and no
+/// `cgroup_mutex`): `css_released`, then at once `css_free` and the
+/// memory (see [`kill_root_css`] for why no grace period is needed).
+fn root_release(p: CssPtr, panics: &mut CallbackPanics) {
+    {
+        // SAFETY: released, and only this thread knows: nothing else can
+        // reach it (see `kill_root_css`).
+        let css = unsafe { p.get() };
+        css.set_flags(CSS_RELEASED);
+        panics.call(|| css.subsys.css_released(css));
+        panics.call(|| css.subsys.css_free(css));
+    }
+    // SAFETY: as above; nothing touches it after this.
+    unsafe { Css::dealloc(p) };
 }
 
 // ----- the lifecycle of a non-root css ----------------------------------------
