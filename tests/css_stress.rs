@@ -4,11 +4,17 @@
 //! More threads than cores, so preemption lands everywhere. At the end
 //! every css went through each callback exactly once, in order, children
 //! before parents, and every css was freed.
+//!
+//! Under Miri (`cfg(miri)`) the same test runs with a few rounds and
+//! operations per thread, to check the interleavings it does see for
+//! undefined behaviour (see `tests/css_soundness.rs` for the command).
 
 mod css_common;
 
 use css_common::check_lifecycle;
-use percpu_ref::css::{Cgroup, CgroupError, CssState, EventLog, Hierarchy, Pages, Recorder};
+use percpu_ref::css::{
+    Cgroup, CgroupError, CssState, EventLog, Hierarchy, Options, Pages, Recorder,
+};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Barrier, Mutex};
 use std::thread;
@@ -57,11 +63,25 @@ fn rmdir_subtree(s: &Shared, cgs: &[Cgroup]) -> usize {
 #[test]
 fn css_stress() {
     let scale: u64 = if cfg!(debug_assertions) { 1 } else { 10 };
+    let miri = cfg!(miri);
     let log = EventLog::default();
-    let h = Hierarchy::new(vec![
-        Recorder::with_log("memory", log.clone()),
-        Recorder::with_log("io", log.clone()),
-    ]);
+    // Under Miri a small id table: each access to the table's slice is
+    // checked over its whole length (65536 slots by default).
+    let max_css_ids = if miri {
+        512
+    } else {
+        Options::default().max_css_ids
+    };
+    let h = Hierarchy::with_options(
+        vec![
+            Recorder::with_log("memory", log.clone()),
+            Recorder::with_log("io", log.clone()),
+        ],
+        Options {
+            max_css_ids,
+            ..Options::default()
+        },
+    );
     let s = Arc::new(Shared {
         h: h.clone(),
         live: Mutex::new(Vec::new()),
@@ -69,12 +89,12 @@ fn css_stress() {
         ops: AtomicU64::new(0),
         lookups_ok: AtomicU64::new(0),
     });
-    let (destroyers, chargers, migrators, lookers) = (2, 3, 2, 2);
+    let (destroyers, chargers, migrators, lookers) = if miri { (1, 2, 1, 1) } else { (2, 3, 2, 2) };
     let start = Arc::new(Barrier::new(destroyers + chargers + migrators + lookers));
     let mut handles = Vec::new();
 
     // Destroyers: make a subtree, publish it, then remove all of it.
-    let rounds = 30 * scale;
+    let rounds = if miri { 3 } else { 30 * scale };
     for t in 0..destroyers {
         let (s, start) = (s.clone(), start.clone());
         handles.push(thread::spawn(move || {
@@ -97,7 +117,9 @@ fn css_stress() {
     }
 
     // Chargers: the page-fault path on a task that migrators do not move.
-    let charges = 100_000 * scale;
+    let charges = if miri { 40 } else { 100_000 * scale };
+    let hop_every = if miri { 10 } else { 1000 };
+    let lookups: u64 = if miri { 8 } else { 64 };
     for t in 0..chargers {
         let (s, start) = (s.clone(), start.clone());
         handles.push(thread::spawn(move || {
@@ -108,7 +130,7 @@ fn css_stress() {
             for i in 0..charges {
                 pages.charge_task(&task, (i & 1) as usize, 1);
                 pages.uncharge(1);
-                if i % 1000 == 0 {
+                if i % hop_every == 0 {
                     // Hop into a live cgroup now and then, leaving a few pages
                     // charged there (they pin its css after rmdir).
                     let target = s.live.lock().unwrap().first().cloned();
@@ -171,7 +193,7 @@ fn css_stress() {
             start.wait();
             while !s.stop.load(Ordering::Relaxed) {
                 let guard = s.h.rcu_read_lock();
-                for _ in 0..64 {
+                for _ in 0..lookups {
                     let ssid = rng.below(2);
                     let id = 1 + rng.below(256) as u32;
                     let Some(css) = s.h.css_from_id(ssid, id, &guard) else {
@@ -188,7 +210,7 @@ fn css_stress() {
                     }
                 }
                 drop(guard);
-                s.ops.fetch_add(64, Ordering::Relaxed);
+                s.ops.fetch_add(lookups, Ordering::Relaxed);
             }
             0
         }));

@@ -6,25 +6,39 @@
 //! Tree changes (`mkdir`, `rmdir`, `attach`) and all destroy work run under
 //! one lock, `cgroup_mutex`. The kernel runs destroy work on a workqueue
 //! (`cgroup_destroy_wq`) whose worker takes `cgroup_mutex`; here the work is
-//! run by a thread that already has it:
+//! run by a thread that already has it, and never inside a `PercpuRef`
+//! callback (a release is queued only once the put that made it has
+//! returned; see the [module docs](super), *What runs where*):
 //!
 //! - work queued by the thread holding `cgroup_mutex` (an `rmdir`'s kill
 //!   confirm, a release caused by a put made under the mutex) runs when
 //!   that thread unlocks, still under the mutex;
-//! - work queued by another thread (a release from a task's last put, a
-//!   free after a grace period) takes the mutex if it is free and runs;
-//!   if it is held, the holder runs it before it lets go (it looks at the
-//!   queue again after unlocking, so nothing is stranded).
+//! - work queued by another thread (a release after a task's last put
+//!   returned, a free after a grace period) takes the mutex if it is free
+//!   and runs; if it is held, the holder runs it before it lets go (it
+//!   looks at the queue again after unlocking, so nothing is stranded).
 //!
 //! With [`WorkMode::Manual`] queued work waits for
 //! [`Hierarchy::run_destroy_work`], which makes interleavings the kernel
 //! allows (an offline still pending while the parent is removed) easy to
 //! set up in tests.
+//!
+//! # Panics
+//!
+//! A subsystem callback that panics is caught where it is called, so the
+//! work item (or `mkdir`) completes and nothing queued is lost. Who holds
+//! `cgroup_mutex` is recorded next to the lock and cleared with it, also
+//! when unwinding, so the thread can take it again. The panic is then
+//! resumed in the caller that ran the work, after the mutex is released;
+//! one with no such caller is kept for the next `flush` or
+//! `run_destroy_work`.
 
 use super::idr::Idr;
 use super::rcu::{self, RcuGuard};
-use super::subsys::Subsys;
-use super::subsys_state::{kill_css, online_css, Css, CssInit, CssPtr, CssRef, Work, CSS_NO_REF};
+use super::subsys::{CallbackPanics, Payload, Subsys};
+use super::subsys_state::{
+    kill_css, kill_root_css, online_css, Css, CssInit, CssPtr, CssRef, Work,
+};
 use crate::sync::{self, AtomicBool, AtomicPtr, AtomicUsize, Mutex, MutexGuard, Ordering};
 use std::collections::{BTreeMap, VecDeque};
 use std::fmt;
@@ -198,11 +212,25 @@ pub(crate) struct CgroupNode {
     pub(crate) nr_tasks: AtomicUsize,
     /// Online children, by name.
     children: Mutex<BTreeMap<String, Arc<CgroupNode>>>,
+    /// Root cgroup only: held while [`Cgroup::css`] reads a `subsys[]`
+    /// slot and takes its reference, and while the hierarchy's teardown
+    /// clears the slot (see `kill_root_css`). A root css is freed without
+    /// a grace period, so its slot is not an RCU pointer.
+    root_slots: Mutex<()>,
 }
 
 impl CgroupNode {
     pub(crate) fn path(&self) -> &str {
         &self.path
+    }
+
+    /// Clears the root cgroup's slot for `ssid`: from now on
+    /// [`Cgroup::css`] finds nothing there, and no call that found the css
+    /// is still between its load and its `tryget_online`.
+    pub(crate) fn clear_root_slot(&self, ssid: usize) {
+        debug_assert!(self.parent.is_none());
+        let _g = sync::lock(&self.root_slots);
+        self.subsys[ssid].store(std::ptr::null_mut(), Ordering::Release);
     }
 }
 
@@ -257,10 +285,21 @@ impl Cgroup {
 
     /// The cgroup's online css for subsystem `ssid`, with a reference
     /// (`cgroup_css` under RCU, then `css_tryget_online`). `None` once the
-    /// cgroup was removed, or if `ssid` is out of range.
+    /// cgroup was removed (for the root cgroup: once its hierarchy was
+    /// dropped), or if `ssid` is out of range.
     pub fn css(&self, ssid: usize) -> Option<CssRef> {
+        let slot = self.node.subsys.get(ssid)?;
+        if self.node.parent.is_none() {
+            let _g = sync::lock(&self.node.root_slots);
+            let p = slot.load(Ordering::Acquire);
+            // SAFETY: a root css's slot is cleared under this lock before
+            // the hierarchy drops its base reference (`kill_root_css`), so
+            // a css found here holds that reference until we unlock.
+            let css = unsafe { CssPtr::from_raw(p)?.get() };
+            return css.tryget_online();
+        }
         let _rcu = rcu::read_lock();
-        let p = self.node.subsys.get(ssid)?.load(Ordering::Acquire);
+        let p = slot.load(Ordering::Acquire);
         // SAFETY: the slot is cleared at offline, before release, and a css
         // is freed only a grace period after release; we are inside a read
         // section that began before we loaded the pointer.
@@ -315,38 +354,83 @@ pub(crate) struct Inner {
     rcu_list: Mutex<Vec<Work>>,
     /// Non-root csses allocated and not yet freed.
     nr_css: AtomicUsize,
+    /// A subsystem callback's panic from destroy work that had no caller to
+    /// resume it in (run after a grace period, or while its thread was
+    /// unwinding); resumed by the next `flush` or `run_destroy_work`.
+    orphan_panic: Mutex<Option<Payload>>,
 }
 
-/// `cgroup_mutex`, held; unlocking runs queued destroy work first.
+/// `cgroup_mutex` as this thread holds it: the lock and the owner mark.
+/// Dropping it, also while unwinding, clears the mark and unlocks, so a
+/// panic never leaves the mutex recorded as held by this thread.
+struct Held<'a> {
+    inner: &'a Inner,
+    guard: Option<MutexGuard<'a, ()>>,
+}
+
+impl Held<'_> {
+    fn unlock(&mut self) {
+        if let Some(g) = self.guard.take() {
+            self.inner
+                .mutex_owner
+                .store(0, std::sync::atomic::Ordering::Relaxed);
+            drop(g);
+        }
+    }
+}
+
+impl Drop for Held<'_> {
+    fn drop(&mut self) {
+        self.unlock();
+    }
+}
+
+/// `cgroup_mutex`, held; unlocking runs queued destroy work first, then
+/// resumes the first panic of a subsystem callback run under it.
 pub(crate) struct CgroupMutexGuard<'a> {
     inner: &'a Arc<Inner>,
-    guard: Option<MutexGuard<'a, ()>>,
+    held: Held<'a>,
     drain: bool,
+    /// Panics of subsystem callbacks run under the mutex (by the operation
+    /// itself, or by the destroy work run at unlock).
+    pub(crate) panics: CallbackPanics,
+}
+
+impl CgroupMutexGuard<'_> {
+    /// Runs queued destroy work (in [`WorkMode::Inline`]), unlocks, and
+    /// runs what other threads queued meanwhile (they found the mutex held
+    /// and left it to us: look again now that they can see it unlocked).
+    /// Returns the callback panics caught; a no-op once unlocked.
+    fn unlock(&mut self) -> CallbackPanics {
+        while self.held.guard.is_some() {
+            if self.drain {
+                self.inner.drain_locked(&mut self.panics);
+            }
+            self.held.unlock();
+            if !self.drain || self.inner.queue_is_empty() {
+                break;
+            }
+            if let Some(g) = sync::try_lock(&self.inner.cgroup_mutex) {
+                self.inner.set_owner();
+                self.held.guard = Some(g);
+            } // else the new holder runs it
+        }
+        std::mem::take(&mut self.panics)
+    }
+
+    /// Unlocks (running destroy work first) and resumes a callback panic.
+    /// Ops call this before they return: a panic from a destructor after
+    /// the return value is made would leak that value.
+    fn finish(mut self) {
+        let panics = self.unlock();
+        self.inner.resume_or_keep(panics);
+    }
 }
 
 impl Drop for CgroupMutexGuard<'_> {
     fn drop(&mut self) {
-        loop {
-            if self.drain {
-                self.inner.drain_locked();
-            }
-            self.inner
-                .mutex_owner
-                .store(0, std::sync::atomic::Ordering::Relaxed);
-            drop(self.guard.take());
-            // Work queued by a thread that found the mutex held is ours to
-            // run: look again now that others can see it unlocked.
-            if !self.drain || self.inner.queue_is_empty() {
-                return;
-            }
-            match sync::try_lock(&self.inner.cgroup_mutex) {
-                Some(g) => {
-                    self.inner.set_owner();
-                    self.guard = Some(g);
-                }
-                None => return, // the new holder will run it
-            }
-        }
+        let panics = self.unlock();
+        self.inner.resume_or_keep(panics);
     }
 }
 
@@ -358,6 +442,20 @@ impl Inner {
     fn set_owner(&self) {
         self.mutex_owner
             .store(sync::thread_token(), std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Runs `f` under `cgroup_mutex`, then unlocks (running destroy work)
+    /// and resumes a subsystem callback's panic, with `f`'s result still a
+    /// local that unwinding drops.
+    ///
+    /// # Panics
+    ///
+    /// As [`cgroup_lock`](Self::cgroup_lock).
+    fn locked<R>(self: &Arc<Self>, op: &str, f: impl FnOnce(&mut CgroupMutexGuard<'_>) -> R) -> R {
+        let mut g = self.cgroup_lock(op);
+        let r = f(&mut g);
+        g.finish();
+        r
     }
 
     /// Takes `cgroup_mutex`.
@@ -375,10 +473,22 @@ impl Inner {
         }
         let g = sync::lock(&self.cgroup_mutex);
         self.set_owner();
+        self.guard_for(g, self.opts.work == WorkMode::Inline)
+    }
+
+    fn guard_for<'a>(
+        self: &'a Arc<Self>,
+        g: MutexGuard<'a, ()>,
+        drain: bool,
+    ) -> CgroupMutexGuard<'a> {
         CgroupMutexGuard {
             inner: self,
-            guard: Some(g),
-            drain: self.opts.work == WorkMode::Inline,
+            held: Held {
+                inner: self,
+                guard: Some(g),
+            },
+            drain,
+            panics: CallbackPanics::default(),
         }
     }
 
@@ -386,20 +496,44 @@ impl Inner {
         sync::lock(&self.destroy_wq).is_empty()
     }
 
-    /// Queues destroy work (see the module docs for who runs it).
-    pub(crate) fn queue_work(self: &Arc<Self>, w: Work) {
+    /// Queues destroy work (see the module docs for who runs it). If this
+    /// thread runs it (the mutex was free), callback panics go to `panics`.
+    ///
+    /// Never called inside a `PercpuRef` callback except by the kill's
+    /// confirm, which holds `cgroup_mutex` and so only queues.
+    pub(crate) fn queue_work(self: &Arc<Self>, w: Work, panics: &mut CallbackPanics) {
         sync::lock(&self.destroy_wq).push_back(w);
         if self.opts.work == WorkMode::Manual || self.holds_cgroup_mutex() {
             return;
         }
         if let Some(g) = sync::try_lock(&self.cgroup_mutex) {
             self.set_owner();
-            drop(CgroupMutexGuard {
-                inner: self,
-                guard: Some(g),
-                drain: true,
-            });
+            let mut g = self.guard_for(g, true);
+            panics.merge(g.unlock());
         }
+    }
+
+    /// Resumes the first panic in `panics`, or keeps it for the next
+    /// `flush` if this thread is already unwinding.
+    fn resume_or_keep(&self, mut panics: CallbackPanics) {
+        if std::thread::panicking() {
+            if let Some(p) = panics.take() {
+                self.keep_orphan(p);
+            }
+        } else {
+            panics.resume();
+        }
+    }
+
+    fn keep_orphan(&self, p: Payload) {
+        let mut slot = sync::lock(&self.orphan_panic);
+        if slot.is_none() {
+            *slot = Some(p);
+        }
+    }
+
+    fn take_orphan(&self) -> Option<Payload> {
+        sync::lock(&self.orphan_panic).take()
     }
 
     /// `queue_rcu_work`: queue `w` after a grace period.
@@ -409,22 +543,30 @@ impl Inner {
         {
             let inner = self.clone();
             rcu::call_rcu(move || {
-                inner.queue_work(w);
+                let mut panics = CallbackPanics::default();
+                inner.queue_work(w, &mut panics);
                 inner.rcu_pending.fetch_sub(1, Ordering::AcqRel);
+                // Run inside whatever pinned this thread: no caller to
+                // resume it in.
+                if let Some(p) = panics.take() {
+                    inner.keep_orphan(p);
+                }
             });
         }
         #[cfg(loom)]
         sync::lock(&self.rcu_list).push(w);
     }
 
-    /// Runs queued work; `cgroup_mutex` is held by this thread.
-    fn drain_locked(self: &Arc<Self>) -> usize {
+    /// Runs queued work; `cgroup_mutex` is held by this thread. Each item
+    /// completes even if a subsystem callback in it panics (kept in
+    /// `panics`), so no work is lost.
+    fn drain_locked(self: &Arc<Self>, panics: &mut CallbackPanics) -> usize {
         let mut ran = 0;
         loop {
             let w = sync::lock(&self.destroy_wq).pop_front();
             match w {
                 Some(w) => {
-                    w.run(self);
+                    w.run(self, panics);
                     ran += 1;
                 }
                 None => return ran,
@@ -446,11 +588,13 @@ impl Inner {
         Ok(())
     }
 
-    /// `css_create`, under `cgroup_mutex`.
+    /// `css_create`, under `cgroup_mutex`. A panicking `css_alloc` or
+    /// `css_online` is undone as a refusal; its panic is kept in `panics`.
     fn css_create(
         self: &Arc<Self>,
         node: &Arc<CgroupNode>,
         ssid: usize,
+        panics: &mut CallbackPanics,
     ) -> Result<CssPtr, CgroupError> {
         let subsys = &self.subsys[ssid];
         let parent_node = node.parent.as_ref().expect("css_create: not for the root");
@@ -469,7 +613,6 @@ impl Inner {
             subsys: subsys.clone(),
             hier: Some(self.clone()),
             atomic_refcnt: self.opts.refcnt == RefcntMode::Atomic,
-            flags: 0,
         });
         self.nr_css.fetch_add(1, Ordering::AcqRel);
         // SAFETY: we own the new css; nobody else can reach it yet.
@@ -480,7 +623,10 @@ impl Inner {
             path: node.path.clone(),
             reason,
         };
-        if let Err(reason) = subsys.css_alloc(css) {
+        let alloc = panics
+            .call(|| subsys.css_alloc(css))
+            .unwrap_or_else(|| Err(String::from("css_alloc panicked")));
+        if let Err(reason) = alloc {
             self.idrs[ssid].remove(id);
             self.nr_css.fetch_sub(1, Ordering::AcqRel);
             // SAFETY: never published nor linked.
@@ -492,7 +638,7 @@ impl Inner {
         let parent_css = unsafe { parent.get() };
         parent_css.get_raw(1);
         sync::lock(&parent_css.children).push(id);
-        if let Err(reason) = online_css(css) {
+        if let Err(reason) = online_css(css, panics) {
             sync::lock(&parent_css.children).retain(|&c| c != id);
             // The kernel's error path: free after a grace period, which also
             // drops the parent pin.
@@ -506,19 +652,17 @@ impl Inner {
 
 impl Drop for Inner {
     fn drop(&mut self) {
-        // Every non-root css holds the hierarchy, so only the roots are left:
-        // take them through the rest of the lifecycle.
-        for (ssid, &p) in self.root_css.iter().enumerate() {
-            // SAFETY: root csses are only freed here.
-            let css = unsafe { p.get() };
-            let subsys = &self.subsys[ssid];
-            subsys.css_offline(css);
-            subsys.css_released(css);
-            subsys.css_free(css);
-            self.idrs[ssid].remove(css.id());
-            // SAFETY: the hierarchy is gone, so nothing can reach the root.
-            unsafe { Css::dealloc(p) };
+        // Every non-root css holds the hierarchy, so only the roots are left
+        // (and no `Hierarchy` handle, so no lookup by id). Take each down:
+        // offline it and drop the hierarchy's base reference. It is
+        // released when the last task, page or `CssRef` on it goes (maybe
+        // now), and freed a grace period later.
+        self.root.online.store(false, Ordering::Release);
+        let mut panics = CallbackPanics::default();
+        for &p in &self.root_css {
+            kill_root_css(p, &mut panics);
         }
+        panics.resume();
     }
 }
 
@@ -527,7 +671,10 @@ impl Drop for Inner {
 /// Cloning gives another handle to the same hierarchy. The hierarchy lives
 /// until every handle is dropped *and* every non-root css was freed;
 /// cgroups never removed keep it (and themselves) alive, as a mounted
-/// hierarchy with children stays.
+/// hierarchy with children stays. Its root csses are then taken offline
+/// and live on while references hold them (tasks in the root cgroup,
+/// pages charged to it, [`CssRef`]s); see the [module docs](super),
+/// *What keeps the root alive*.
 ///
 /// # Examples
 ///
@@ -579,11 +726,32 @@ impl Hierarchy {
             online: AtomicBool::new(true),
             nr_tasks: AtomicUsize::new(0),
             children: Mutex::new(BTreeMap::new()),
+            root_slots: Mutex::new(()),
         });
         let idrs: Vec<Idr> = subsys.iter().map(|_| Idr::new(opts.max_css_ids)).collect();
-        let mut root_css = Vec::new();
-        for (ssid, ss) in subsys.iter().enumerate() {
-            let id = idrs[ssid].alloc(1).expect("a fresh id table has id 1");
+        // Built before the root csses, so that if one is refused (or its
+        // callback panics) dropping `inner` takes down those made so far.
+        let mut inner = Inner {
+            hid,
+            subsys,
+            idrs,
+            opts,
+            root: root.clone(),
+            root_css: Vec::new(),
+            cgroup_mutex: Mutex::new(()),
+            mutex_owner: std::sync::atomic::AtomicUsize::new(0),
+            destroy_wq: Mutex::new(VecDeque::new()),
+            rcu_pending: AtomicUsize::new(0),
+            #[cfg(loom)]
+            rcu_list: Mutex::new(Vec::new()),
+            nr_css: AtomicUsize::new(0),
+            orphan_panic: Mutex::new(None),
+        };
+        for ssid in 0..inner.subsys.len() {
+            let ss = inner.subsys[ssid].clone();
+            let id = inner.idrs[ssid]
+                .alloc(1)
+                .expect("a fresh id table has id 1");
             let p = Css::alloc(CssInit {
                 id,
                 ssid,
@@ -591,36 +759,29 @@ impl Hierarchy {
                 cgroup: root.clone(),
                 subsys: ss.clone(),
                 hier: None,
-                atomic_refcnt: opts.refcnt == RefcntMode::Atomic,
-                flags: CSS_NO_REF,
+                atomic_refcnt: inner.opts.refcnt == RefcntMode::Atomic,
             });
             // SAFETY: we own it.
             let css = unsafe { p.get() };
-            if let Err(e) = ss.css_alloc(css).and_then(|()| online_css(css)) {
+            let mut panics = CallbackPanics::default();
+            let made = panics
+                .call(|| ss.css_alloc(css))
+                .unwrap_or_else(|| Err(String::from("css_alloc panicked")))
+                .and_then(|()| online_css(css, &mut panics));
+            if let Err(e) = made {
+                // SAFETY: never published (online_css publishes last).
+                unsafe { Css::dealloc(p) };
+                panics.resume();
                 panic!(
                     "Hierarchy::new: subsystem {} refused its root css: {e}",
                     ss.name()
                 );
             }
-            idrs[ssid].publish(id, p.as_ptr());
-            root_css.push(p);
+            inner.idrs[ssid].publish(id, p.as_ptr());
+            inner.root_css.push(p);
         }
         Hierarchy {
-            inner: Arc::new(Inner {
-                hid,
-                subsys,
-                idrs,
-                opts,
-                root,
-                root_css,
-                cgroup_mutex: Mutex::new(()),
-                mutex_owner: std::sync::atomic::AtomicUsize::new(0),
-                destroy_wq: Mutex::new(VecDeque::new()),
-                rcu_pending: AtomicUsize::new(0),
-                #[cfg(loom)]
-                rcu_list: Mutex::new(Vec::new()),
-                nr_css: AtomicUsize::new(0),
-            }),
+            inner: Arc::new(inner),
         }
     }
 
@@ -656,46 +817,48 @@ impl Hierarchy {
         }
         let inner = &self.inner;
         inner.check("mkdir", parent)?;
-        let _g = inner.cgroup_lock("mkdir");
-        if !parent.is_online() {
-            return Err(CgroupError::Removed {
-                op: "mkdir",
-                path: parent.path().to_string(),
-            });
-        }
-        let path = if parent.node.parent.is_none() {
-            format!("/{name}")
-        } else {
-            format!("{}/{name}", parent.path())
-        };
-        if sync::lock(&parent.node.children).contains_key(name) {
-            return Err(CgroupError::Exists { path });
-        }
-        let node = Arc::new(CgroupNode {
-            hid: inner.hid,
-            name: name.to_string(),
-            path,
-            parent: Some(parent.node.clone()),
-            subsys: (0..inner.subsys.len())
-                .map(|_| AtomicPtr::new(std::ptr::null_mut()))
-                .collect(),
-            online: AtomicBool::new(true),
-            nr_tasks: AtomicUsize::new(0),
-            children: Mutex::new(BTreeMap::new()),
-        });
-        for ssid in 0..inner.subsys.len() {
-            if let Err(e) = inner.css_create(&node, ssid) {
-                // Undo as the kernel does: destroy what was made.
-                node.online.store(false, Ordering::Release);
-                for made in 0..ssid {
-                    let p = node.subsys[made].load(Ordering::Acquire);
-                    kill_css(CssPtr::from_raw(p).expect("a made css is online"));
-                }
-                return Err(e);
+        inner.locked("mkdir", |g| {
+            if !parent.is_online() {
+                return Err(CgroupError::Removed {
+                    op: "mkdir",
+                    path: parent.path().to_string(),
+                });
             }
-        }
-        sync::lock(&parent.node.children).insert(name.to_string(), node.clone());
-        Ok(Cgroup::from_node(node))
+            let path = if parent.node.parent.is_none() {
+                format!("/{name}")
+            } else {
+                format!("{}/{name}", parent.path())
+            };
+            if sync::lock(&parent.node.children).contains_key(name) {
+                return Err(CgroupError::Exists { path });
+            }
+            let node = Arc::new(CgroupNode {
+                hid: inner.hid,
+                name: name.to_string(),
+                path,
+                parent: Some(parent.node.clone()),
+                subsys: (0..inner.subsys.len())
+                    .map(|_| AtomicPtr::new(std::ptr::null_mut()))
+                    .collect(),
+                online: AtomicBool::new(true),
+                nr_tasks: AtomicUsize::new(0),
+                children: Mutex::new(BTreeMap::new()),
+                root_slots: Mutex::new(()),
+            });
+            for ssid in 0..inner.subsys.len() {
+                if let Err(e) = inner.css_create(&node, ssid, &mut g.panics) {
+                    // Undo as the kernel does: destroy what was made.
+                    node.online.store(false, Ordering::Release);
+                    for made in 0..ssid {
+                        let p = node.subsys[made].load(Ordering::Acquire);
+                        kill_css(CssPtr::from_raw(p).expect("a made css is online"));
+                    }
+                    return Err(e);
+                }
+            }
+            sync::lock(&parent.node.children).insert(name.to_string(), node.clone());
+            Ok(Cgroup::from_node(node))
+        })
     }
 
     /// `rmdir` (`cgroup_destroy_locked`): removes an empty cgroup and kills
@@ -716,36 +879,37 @@ impl Hierarchy {
             .parent
             .as_ref()
             .ok_or(CgroupError::Root { op: "rmdir" })?;
-        let _g = inner.cgroup_lock("rmdir");
-        let path = || cg.path().to_string();
-        if !cg.is_online() {
-            return Err(CgroupError::Removed {
-                op: "rmdir",
-                path: path(),
-            });
-        }
-        let tasks = cg.nr_tasks();
-        if tasks > 0 {
-            return Err(CgroupError::Busy {
-                path: path(),
-                reason: BusyReason::HasTasks(tasks),
-            });
-        }
-        let children: Vec<String> = sync::lock(&cg.node.children).keys().cloned().collect();
-        if !children.is_empty() {
-            return Err(CgroupError::Busy {
-                path: path(),
-                reason: BusyReason::HasChildren(children),
-            });
-        }
-        cg.node.online.store(false, Ordering::Release);
-        sync::lock(&parent.children).remove(cg.name());
-        for slot in cg.node.subsys.iter() {
-            let p = CssPtr::from_raw(slot.load(Ordering::Acquire))
-                .expect("rmdir: an online cgroup has an online css per subsystem");
-            kill_css(p);
-        }
-        Ok(())
+        inner.locked("rmdir", |_| {
+            let path = || cg.path().to_string();
+            if !cg.is_online() {
+                return Err(CgroupError::Removed {
+                    op: "rmdir",
+                    path: path(),
+                });
+            }
+            let tasks = cg.nr_tasks();
+            if tasks > 0 {
+                return Err(CgroupError::Busy {
+                    path: path(),
+                    reason: BusyReason::HasTasks(tasks),
+                });
+            }
+            let children: Vec<String> = sync::lock(&cg.node.children).keys().cloned().collect();
+            if !children.is_empty() {
+                return Err(CgroupError::Busy {
+                    path: path(),
+                    reason: BusyReason::HasChildren(children),
+                });
+            }
+            cg.node.online.store(false, Ordering::Release);
+            sync::lock(&parent.children).remove(cg.name());
+            for slot in cg.node.subsys.iter() {
+                let p = CssPtr::from_raw(slot.load(Ordering::Acquire))
+                    .expect("rmdir: an online cgroup has an online css per subsystem");
+                kill_css(p);
+            }
+            Ok(())
+        })
     }
 
     /// Enters an RCU read section, for [`css_from_id`](Self::css_from_id).
@@ -754,7 +918,8 @@ impl Hierarchy {
     }
 
     /// `css_from_id`: the css with `id` in subsystem `ssid`, valid while
-    /// `guard` is held. It may be dying or offline; take a reference with
+    /// `guard` is held, and no longer than this hierarchy handle is
+    /// borrowed. It may be dying or offline; take a reference with
     /// [`Css::tryget_online`] (or [`Css::tryget`]) to keep it.
     ///
     /// # Examples
@@ -769,12 +934,27 @@ impl Hierarchy {
     /// drop(guard);
     /// assert_eq!(css.cgroup_path(), "/a");
     /// ```
-    pub fn css_from_id<'g>(&self, ssid: usize, id: u32, guard: &'g RcuGuard) -> Option<&'g Css> {
+    ///
+    /// What it returns cannot outlive the hierarchy handle (nor the guard):
+    ///
+    /// ```compile_fail
+    /// use percpu_ref::css::{Hierarchy, Recorder};
+    /// let guard;
+    /// let root_css;
+    /// {
+    ///     let h = Hierarchy::new(vec![Recorder::new("memory")]);
+    ///     guard = h.rcu_read_lock();
+    ///     root_css = h.css_from_id(0, 1, &guard).unwrap();
+    /// } // `h` is dropped here
+    /// assert!(root_css.is_root());
+    /// ```
+    pub fn css_from_id<'a>(&'a self, ssid: usize, id: u32, guard: &'a RcuGuard) -> Option<&'a Css> {
         let _ = guard;
         let p = CssPtr::from_raw(self.inner.idrs.get(ssid)?.find(id))?;
-        // SAFETY: the slot is cleared at release and the css freed a grace
-        // period later; `guard` is a read section that began before the load
-        // and outlives the returned reference.
+        // SAFETY: the slot is cleared at release (a root css's when the
+        // hierarchy goes, which `&'a self` rules out) and the css freed a
+        // grace period after; `guard` is a read section that began before
+        // the load and outlives the returned reference.
         Some(unsafe { p.get() })
     }
 
@@ -787,10 +967,11 @@ impl Hierarchy {
     pub fn spawn(&self, cg: &Cgroup) -> Result<super::Task, CgroupError> {
         let inner = &self.inner;
         inner.check("spawn", cg)?;
-        let _g = inner.cgroup_lock("spawn");
-        let set = self.css_set_locked("spawn", cg)?;
-        cg.node.nr_tasks.fetch_add(1, Ordering::AcqRel);
-        Ok(super::Task::new(inner.hid, set))
+        inner.locked("spawn", |_| {
+            let set = self.css_set_locked("spawn", cg)?;
+            cg.node.nr_tasks.fetch_add(1, Ordering::AcqRel);
+            Ok(super::Task::new(inner.hid, set))
+        })
     }
 
     /// `cgroup_attach_task`: moves `task` to `cg`, swapping its css_set
@@ -810,14 +991,15 @@ impl Hierarchy {
                 path: task.cgroup().path().to_string(),
             });
         }
-        let g = inner.cgroup_lock("attach");
-        let set = self.css_set_locked("attach", cg)?;
-        cg.node.nr_tasks.fetch_add(1, Ordering::AcqRel);
-        let old = task.swap_css_set(set);
-        old.cgroup()
-            .nr_tasks_counter()
-            .fetch_sub(1, Ordering::AcqRel);
-        drop(g);
+        let old = inner.locked("attach", |_| {
+            let set = self.css_set_locked("attach", cg)?;
+            cg.node.nr_tasks.fetch_add(1, Ordering::AcqRel);
+            let old = task.swap_css_set(set);
+            old.cgroup()
+                .nr_tasks_counter()
+                .fetch_sub(1, Ordering::AcqRel);
+            Ok(old)
+        })?;
         drop(old); // puts the old csses, outside the mutex
         Ok(())
     }
@@ -849,25 +1031,50 @@ impl Hierarchy {
 
     /// Runs queued destroy work now (the only way it runs with
     /// [`WorkMode::Manual`]); returns how many items ran.
+    ///
+    /// # Panics
+    ///
+    /// After the work ran, with the first panic of a subsystem callback in
+    /// it, or one kept from destroy work that ran with no caller (see
+    /// [`Subsys`], *Panics in callbacks*).
     pub fn run_destroy_work(&self) -> usize {
-        let g = self.inner.cgroup_lock("run_destroy_work");
-        let ran = self.inner.drain_locked();
-        drop(g);
-        ran
+        let inner = &self.inner;
+        inner.locked("run_destroy_work", |g| {
+            if let Some(p) = inner.take_orphan() {
+                g.panics.keep(p);
+            }
+            inner.drain_locked(&mut g.panics)
+        })
     }
 
     /// Waits until no destroy work is queued and no css waits for a grace
     /// period (`rcu_barrier` plus `flush_workqueue`). Returns false if that
     /// did not happen within about ten seconds (a thread stayed inside an
     /// RCU read section).
+    ///
+    /// # Panics
+    ///
+    /// As [`run_destroy_work`](Self::run_destroy_work), once the wait is
+    /// over.
     pub fn flush(&self) -> bool {
+        let mut caught = CallbackPanics::default();
+        let done = self.flush_inner(&mut caught);
+        if let Some(p) = self.inner.take_orphan() {
+            caught.keep(p);
+        }
+        caught.resume();
+        done
+    }
+
+    fn flush_inner(&self, caught: &mut CallbackPanics) -> bool {
         for attempt in 0..20_000u32 {
-            let g = self.inner.cgroup_lock("flush");
-            self.inner.drain_locked();
+            let mut g = self.inner.cgroup_lock("flush");
+            self.inner.drain_locked(&mut g.panics);
             // Checked under the mutex, so no work is running elsewhere; grace
             // period work counts as pending until it was queued.
             let done =
                 self.inner.rcu_pending.load(Ordering::Acquire) == 0 && self.inner.queue_is_empty();
+            caught.merge(g.unlock());
             drop(g);
             if done {
                 return true;

@@ -29,14 +29,38 @@ struct IdAlloc {
     in_use: usize,
 }
 
+/// `n` null slots, from one zeroed allocation (a loop of `AtomicPtr::new`
+/// over the default 65536 slots takes seconds under Miri).
+#[cfg(not(loom))]
+fn null_slots(n: usize) -> Box<[AtomicPtr<Css>]> {
+    use std::alloc::{alloc_zeroed, handle_alloc_error, Layout};
+    assert!(n > 0);
+    let layout = Layout::array::<AtomicPtr<Css>>(n).expect("css idr: table too large");
+    // SAFETY: `layout` has a non-zero size (`n > 0`, and `AtomicPtr` is not
+    // zero-sized).
+    let p = unsafe { alloc_zeroed(layout) }.cast::<AtomicPtr<Css>>();
+    if p.is_null() {
+        handle_alloc_error(layout);
+    }
+    // SAFETY: `p` is a fresh allocation of the global allocator with the
+    // layout of `[AtomicPtr<Css>; n]`, as `Box` expects; `AtomicPtr<T>` has
+    // the in-memory representation of `*mut T`, and all-zero bits are the
+    // null pointer, so every element is a valid `AtomicPtr`.
+    unsafe { Box::from_raw(ptr::slice_from_raw_parts_mut(p, n)) }
+}
+
+/// loom's `AtomicPtr` is a tracked object, not plain memory.
+#[cfg(loom)]
+fn null_slots(n: usize) -> Box<[AtomicPtr<Css>]> {
+    (0..n).map(|_| AtomicPtr::new(ptr::null_mut())).collect()
+}
+
 impl Idr {
     /// A table for ids `1..capacity`.
     pub(crate) fn new(capacity: usize) -> Idr {
         let capacity = capacity.max(2);
         Idr {
-            slots: (0..capacity)
-                .map(|_| AtomicPtr::new(ptr::null_mut()))
-                .collect(),
+            slots: null_slots(capacity),
             alloc: Mutex::new(IdAlloc {
                 used: vec![false; capacity],
                 next: 1,

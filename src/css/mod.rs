@@ -9,10 +9,13 @@
 //!
 //! A [`Hierarchy`] has a fixed list of [`Subsys`]tems and a tree of
 //! [`Cgroup`]s; each cgroup has one [`Css`] per subsystem. A css counts
-//! references in a [`PercpuRef`]; the root css is not counted
-//! (`CSS_NO_REF`). References are [`CssRef`] (`css_get`/`css_put`),
-//! [`CssRefs`] (`css_get_many`/`css_put_many`), `tryget`
-//! (`css_tryget`) and `tryget_online` (`css_tryget_online`).
+//! references in a [`PercpuRef`], the root css included (unlike the
+//! kernel's `CSS_NO_REF` root; see *What keeps the root alive*).
+//! References are [`CssRef`] (`css_get`/`css_put`), [`CssRefs`]
+//! (`css_get_many`/`css_put_many`), `tryget` (`css_tryget`) and
+//! `tryget_online` (`css_tryget_online`). Every handle that can be
+//! dereferenced holds a reference, whatever it counts: a [`CssRefs`]
+//! holding zero of its references still holds one of its own.
 //!
 //! # The lifecycle, as the kernel does it
 //!
@@ -56,21 +59,90 @@
 //!   before release, and the memory is freed a grace period after release,
 //!   so [`Hierarchy::css_from_id`] under an [`RcuGuard`] followed by
 //!   [`Css::tryget_online`] never touches freed memory.
-//! - All destroy work runs under `cgroup_mutex` (see [`hierarchy`'s
-//!   docs](Hierarchy)), so no css is freed while another thread holds it.
+//! - All destroy work of non-root csses runs under `cgroup_mutex` (see
+//!   [`hierarchy`'s docs](Hierarchy)), so no css is freed while another
+//!   thread holds it.
+//! - No css is freed while a `PercpuRef` call that released it is still
+//!   running (see *What runs where*).
 //!
 //! # What runs where
 //!
-//! The kernel runs `css_killed_work_fn`, `css_release_work_fn` and
-//! `css_free_rwork_fn` on a workqueue that takes `cgroup_mutex`. Here the
-//! confirm runs synchronously inside `rmdir` (with the ref's switch lock
-//! held, and `cgroup_mutex`), so it only counts and queues, as the kernel's
-//! does; the queued work runs when `rmdir` unlocks. A release can happen on
-//! any thread's last put, so `css_release` too only queues; that work runs
-//! at once if `cgroup_mutex` is free, else its holder runs it before
-//! unlocking. The grace period is crossbeam-epoch's (see `rcu.rs`).
-//! [`WorkMode::Manual`] holds all work until
-//! [`Hierarchy::run_destroy_work`].
+//! The kernel never frees in release context: `css_release` only queues
+//! `css_release_work_fn`, which runs on a workqueue that takes
+//! `cgroup_mutex`, and the free (`css_free_rwork_fn`) runs from there a
+//! grace period later. Here:
+//!
+//! - **confirm** (`css_killed_ref_fn`) runs inside `rmdir`'s
+//!   `kill_and_confirm`, with the ref's switch lock and `cgroup_mutex`
+//!   held: it only counts and queues the offline work.
+//! - **release** (`css_release`) runs inside the `PercpuRef` call that put
+//!   the last reference, on whichever thread made it, while that call
+//!   still borrows the css (its `&self`, and the release closure stored in
+//!   it). So it does no work at all: it records the css in a per-thread
+//!   slot. Every put goes through one wrapper (a [`CssRef`]'s drop,
+//!   [`CssRefs`], [`Pages`], the offline work's and the free's puts,
+//!   `kill_css`), which hands the release on to the hierarchy's destroy
+//!   queue once the `PercpuRef` call has returned. Until then no other
+//!   thread knows the css was released, so nothing can free it under the
+//!   call: not destroy work run on this thread (nested, through a
+//!   subsystem's `css_released` putting another css), nor on another.
+//! - **queued work** (offline, release, free) runs under `cgroup_mutex`,
+//!   from a clean stack: when the thread holding the mutex unlocks (at the
+//!   end of `mkdir`, `rmdir`, `attach`, `spawn`, `run_destroy_work`,
+//!   `flush`), or at once on the thread that queued it if the mutex is
+//!   free. A thread that finds it held leaves the work to the holder, who
+//!   looks at the queue again after unlocking.
+//! - **free** is queued a grace period after the release work unpublished
+//!   the css (crossbeam-epoch's; see `rcu.rs`); the grace-period callback
+//!   queues it and runs the queue if the mutex is free.
+//!
+//! [`WorkMode::Manual`] holds all work until [`Hierarchy::run_destroy_work`]
+//! (or [`Hierarchy::flush`]).
+//!
+//! # What keeps the root alive
+//!
+//! The kernel's root csses are not reference counted (`CSS_NO_REF`): they
+//! live as long as the kernel. Here a hierarchy can be dropped while
+//! handles on its root remain, so a root css is counted per CPU like any
+//! css (a get or put on it costs the same):
+//!
+//! - the hierarchy holds each root css's base reference; every non-root
+//!   css pins its parent and holds the hierarchy, so the hierarchy lives
+//!   until its last handle is dropped and every non-root css was freed;
+//! - a [`CssRef`] or [`CssRefs`] on the root, a [`Task`] in the root
+//!   cgroup (its css_set) and [`Pages`] charged to the root each hold
+//!   references;
+//! - when the hierarchy goes, each root css is taken down: its slot in
+//!   the root cgroup is cleared, `css_offline` runs, and the base
+//!   reference is dropped. The last put, then or later, releases the root
+//!   css and frees it at once, on that thread (`css_released`,
+//!   `css_free`). No grace period is needed: the id table went with the
+//!   hierarchy (what [`Hierarchy::css_from_id`] returns borrows the
+//!   hierarchy handle, so it cannot outlive it), and [`Cgroup::css`] on the
+//!   root reads the slot under a lock that the teardown takes to clear it.
+//!   A root [`Cgroup`] handle keeps the cgroup, not its csses: its `css()`
+//!   finds nothing once the hierarchy is gone.
+//!
+//! # Panics
+//!
+//! A panicking subsystem callback does not leave the hierarchy
+//! half-changed: the lifecycle step completes, `cgroup_mutex` is released
+//! (also when unwinding), and the panic then propagates to the caller that
+//! ran the step (see [`Subsys`], *Panics in callbacks*). [`Pages::charge`]
+//! reserves room for the pages before it takes their references.
+//!
+//! # Limits
+//!
+//! A put that is *not* the last one still holds the `PercpuRef`'s `&self`
+//! for a few instructions after its decrement. If, in that window, another
+//! thread puts the last reference and the css is freed (a non-root css a
+//! grace period later, which does not wait for that thread), the free
+//! happens under that borrow: no memory is accessed, but Rust's aliasing
+//! rules forbid it. The kernel closes this window by running every put
+//! inside an RCU read section; here that would cost an epoch pin per put,
+//! on the fast path this crate exists for. Closing it cheaply needs a put
+//! that does not hold `&self` across its decrement (as
+//! `Arc::decrement_strong_count`), in [`PercpuRef`] itself.
 //!
 //! # Tasks and charges
 //!

@@ -40,11 +40,19 @@ pub(crate) fn read_lock() -> RcuGuard {
     }
 }
 
-/// Runs `f` after a grace period (on whichever thread collects it).
+/// Runs `f` after a grace period (on whichever thread collects it, inside
+/// whatever pinned that thread: `f` must not expect a caller).
+///
+/// A panic from `f` is caught and dropped (the panic hook reported it):
+/// unwinding into crossbeam-epoch's collector would drop the rest of its
+/// batch of deferred functions unrun. The css model's callers keep the
+/// panics they care about before that (see `Inner::queue_work`).
 #[cfg(not(loom))]
 pub(crate) fn call_rcu(f: impl FnOnce() + Send + 'static) {
     let guard = crossbeam_epoch::pin();
-    guard.defer(f);
+    guard.defer(move || {
+        let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f));
+    });
     // Hand the deferred work to the global queue now, so that another
     // thread's flush can run it even if this thread goes idle.
     guard.flush();

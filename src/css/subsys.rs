@@ -2,7 +2,9 @@
 //! and [`Recorder`], a subsystem that writes every callback to a log.
 
 use super::subsys_state::Css;
+use std::any::Any;
 use std::fmt;
+use std::panic::{self, AssertUnwindSafe};
 use std::sync::{Arc, Mutex};
 
 /// A cgroup subsystem (controller), as the kernel's `struct cgroup_subsys`.
@@ -20,13 +22,34 @@ use std::sync::{Arc, Mutex};
 /// 4. [`css_released`](Self::css_released) — the last reference was put;
 ///    the css is unlinked from its parent and the id table.
 /// 5. [`css_free`](Self::css_free) — a grace period later: nothing can
-///    reach the css any more. Every child was freed before.
+///    reach the css any more. Every child was freed before. (A root css
+///    goes offline when its hierarchy is dropped, and is released and
+///    freed together by the last put on it; see the [module
+///    docs](super), *What keeps the root alive*.)
 ///
 /// The callbacks run with the hierarchy's `cgroup_mutex` held (except
 /// `css_alloc`/`css_online` of a hierarchy's root css, run at creation,
-/// and the root's teardown when the hierarchy is dropped): they must not
-/// call `mkdir`, `rmdir`, `attach` or `run_destroy_work` on the same
-/// hierarchy.
+/// and the root's teardown, which starts when the last [`Hierarchy`]
+/// handle is dropped): they must not call `mkdir`, `rmdir`, `attach` or
+/// `run_destroy_work` on the same hierarchy.
+///
+/// # Panics in callbacks
+///
+/// A callback that panics does not stop the lifecycle: the panic is
+/// caught, the step that called it completes as if the callback had
+/// returned (a panicking `css_alloc` or `css_online` counts as a refusal
+/// and `mkdir` is undone), `cgroup_mutex` is released, and then the panic
+/// is resumed in the caller that ran the step: `mkdir`/`rmdir`/`attach`/
+/// `spawn` whose unlock ran the work, the put that released the css,
+/// [`Hierarchy::run_destroy_work`] or [`Hierarchy::flush`]. Work run with
+/// no such caller (after a grace period, or while the thread was already
+/// unwinding) keeps its panic for the next `flush` or `run_destroy_work`.
+/// Only the first panic of a step is resumed; the panic hook has reported
+/// every one.
+///
+/// [`Hierarchy`]: super::Hierarchy
+/// [`Hierarchy::run_destroy_work`]: super::Hierarchy::run_destroy_work
+/// [`Hierarchy::flush`]: super::Hierarchy::flush
 ///
 /// # Examples
 ///
@@ -79,6 +102,64 @@ pub trait Subsys: Send + Sync + 'static {
     /// The css is about to be freed (after every child css).
     fn css_free(&self, css: &Css) {
         let _ = css;
+    }
+}
+
+/// A panic payload.
+pub(crate) type Payload = Box<dyn Any + Send + 'static>;
+
+/// Panics caught from subsystem callbacks while a lifecycle step runs, so
+/// that the step completes; the first one is resumed once the step's
+/// caller has released what it held (see [`Subsys`], *Panics in
+/// callbacks*).
+#[derive(Default)]
+#[must_use = "caught panics must be resumed or kept"]
+pub(crate) struct CallbackPanics(Option<Payload>);
+
+impl CallbackPanics {
+    /// Runs `f` (a subsystem callback); `None` if it panicked (the panic is
+    /// kept).
+    pub(crate) fn call<R>(&mut self, f: impl FnOnce() -> R) -> Option<R> {
+        // AssertUnwindSafe: the caller goes on as if the callback returned,
+        // and reads nothing the callback could have left half-written; the
+        // subsystem's own state is the subsystem's business.
+        match panic::catch_unwind(AssertUnwindSafe(f)) {
+            Ok(r) => Some(r),
+            Err(p) => {
+                self.keep(p);
+                None
+            }
+        }
+    }
+
+    /// Keeps `p` unless a panic is kept already (later ones are dropped:
+    /// the panic hook reported them).
+    pub(crate) fn keep(&mut self, p: Payload) {
+        if self.0.is_none() {
+            self.0 = Some(p);
+        }
+    }
+
+    /// Keeps the first panic of `other` too.
+    pub(crate) fn merge(&mut self, other: CallbackPanics) {
+        if let Some(p) = other.0 {
+            self.keep(p);
+        }
+    }
+
+    /// The kept panic, if any.
+    pub(crate) fn take(&mut self) -> Option<Payload> {
+        self.0.take()
+    }
+
+    /// Resumes the kept panic, unless this thread is already unwinding
+    /// (a second panic would abort; the hook has reported this one).
+    pub(crate) fn resume(self) {
+        if let Some(p) = self.0 {
+            if !std::thread::panicking() {
+                panic::resume_unwind(p);
+            }
+        }
     }
 }
 

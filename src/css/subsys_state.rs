@@ -7,20 +7,33 @@
 //! ([`CssRef`], [`CssRefs`], css_sets, charges, child csses). It is freed
 //! by `css_free_work_fn`, which only runs a grace period after the last
 //! reference was put and the RCU pointers were cleared.
+//!
+//! # Releases leave the `PercpuRef` call first
+//!
+//! The refcount's release callback runs inside a [`PercpuRef`] method
+//! whose `&self` points into the css (and the callback's own closure lives
+//! in the css's `PercpuRef`). Destroy work run from there could free the
+//! css under those borrows: directly (a subsystem's `css_released` puts
+//! another css, whose grace period lets this css's free run), or on
+//! another thread (destroy work that saw the release queued runs the free
+//! while the releasing thread is still returning from the callback). So
+//! `css_release`, like the kernel's, does no work: it only records the
+//! css in a per-thread slot. Every put goes through [`css_put`], which,
+//! once the `PercpuRef` call has returned, hands the recorded release to
+//! the hierarchy's destroy queue (`settle_releases`). Until then no other
+//! thread knows the css was released, and nothing can free it.
 
 use super::hierarchy::{Cgroup, CgroupNode, Inner};
-use super::subsys::Subsys;
+use super::subsys::{CallbackPanics, Subsys};
 use crate::sync::{self, AtomicUsize, Mutex, Ordering};
 use crate::{InitFlags, PercpuRef};
+use std::cell::{Cell, RefCell};
 use std::fmt;
 use std::mem::MaybeUninit;
 use std::ops::Deref;
 use std::ptr::NonNull;
 use std::sync::Arc;
 
-/// The root css of a hierarchy is not reference counted (the kernel's
-/// `CSS_NO_REF`): get and put on it do nothing.
-pub(crate) const CSS_NO_REF: usize = 1 << 0;
 /// Between `online_css` and `offline_css`.
 pub(crate) const CSS_ONLINE: usize = 1 << 1;
 /// Set by `css_release_work_fn`.
@@ -49,7 +62,8 @@ pub enum CssState {
 }
 
 /// A raw pointer to a css whose lifetime someone else guarantees (a held
-/// reference, an RCU read section, or `cgroup_mutex` plus a pin).
+/// reference, an RCU read section, `cgroup_mutex` plus a pin, or a release
+/// not yet handed on).
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub(crate) struct CssPtr(NonNull<Css>);
 
@@ -85,6 +99,9 @@ impl CssPtr {
 /// A cgroup subsystem state: one cgroup's state for one subsystem, kept
 /// alive by a [`PercpuRef`].
 ///
+/// Every css is counted, the root css included (see the [module
+/// docs](super), *What keeps the root alive*).
+///
 /// Obtained as a [`CssRef`] (from [`Cgroup::css`], a task's css_set, or a
 /// `tryget`), or as `&Css` under an RCU read section from
 /// [`Hierarchy::css_from_id`](super::Hierarchy::css_from_id).
@@ -117,9 +134,9 @@ pub struct Css {
     pub(crate) parent: Option<CssPtr>,
     pub(crate) cgroup: Arc<CgroupNode>,
     pub(crate) subsys: Arc<dyn Subsys>,
-    /// The hierarchy, for queueing destroy work; `None` for a root css
-    /// (which is never released, and would otherwise keep its own
-    /// hierarchy alive).
+    /// The hierarchy, for queueing destroy work; `None` for a root css,
+    /// which the hierarchy holds (its base reference) and which is only
+    /// released after the hierarchy is gone (see `root_release`).
     pub(crate) hier: Option<Arc<Inner>>,
     /// Ids of linked child csses (`css->children`), under `cgroup_mutex`.
     pub(crate) children: Mutex<Vec<u32>>,
@@ -133,7 +150,6 @@ pub(crate) struct CssInit {
     pub(crate) subsys: Arc<dyn Subsys>,
     pub(crate) hier: Option<Arc<Inner>>,
     pub(crate) atomic_refcnt: bool,
-    pub(crate) flags: usize,
 }
 
 impl Css {
@@ -147,10 +163,12 @@ impl Css {
         } else {
             InitFlags::empty()
         };
+        // The release callback only records the release (see the module
+        // docs): it must not run destroy work inside the `PercpuRef` call.
         let refcnt = PercpuRef::with_flags(move |_| css_release(me), flags);
         let css = Css {
             refcnt,
-            flags: AtomicUsize::new(init.flags),
+            flags: AtomicUsize::new(0),
             online_cnt: AtomicUsize::new(0),
             id: init.id,
             ssid: init.ssid,
@@ -185,15 +203,7 @@ impl Css {
     // ----- the kernel's css refcount operations -----------------------------
 
     pub(crate) fn get_raw(&self, n: usize) {
-        if self.flags.load(Ordering::Relaxed) & CSS_NO_REF == 0 {
-            self.refcnt.get_many(n);
-        }
-    }
-
-    pub(crate) fn put_raw(&self, n: usize) {
-        if self.flags.load(Ordering::Relaxed) & CSS_NO_REF == 0 {
-            self.refcnt.put_many(n);
-        }
+        self.refcnt.get_many(n);
     }
 
     /// `css_get`: takes a reference. The caller must already hold one (or
@@ -210,27 +220,37 @@ impl Css {
 
     /// `css_get_many`: takes `n` references at once.
     ///
+    /// The [`CssRefs`] also holds one reference of its own for as long as
+    /// it exists (taken in the same `get_many`), so it keeps the css alive
+    /// even when it holds zero of the `n` (`get_many(0)`, or after
+    /// [`put_many`](CssRefs::put_many) of all of them).
+    ///
     /// # Panics
     ///
-    /// As [`get`](Self::get).
+    /// As [`get`](Self::get) (also for `n == 0`), or if `n` is above
+    /// 2^62 - 2.
     pub fn get_many(&self, n: usize) -> CssRefs {
-        self.get_raw(n);
+        let with_own = match n.checked_add(1) {
+            Some(k) => k,
+            None => panic!("css_get_many({n}): too many references"),
+        };
+        self.get_raw(with_own);
         CssRefs { css: self.ptr(), n }
     }
 
     /// `css_tryget`: takes a reference unless the count is zero (the css
     /// was released). Succeeds on dying and offline csses.
     pub fn tryget(&self) -> Option<CssRef> {
-        let ok = self.is_root() || self.refcnt.tryget();
-        ok.then(|| CssRef { css: self.ptr() })
+        self.refcnt.tryget().then(|| CssRef { css: self.ptr() })
     }
 
     /// `css_tryget_online`: takes a reference unless the css was killed.
     /// Once `rmdir` has killed it (its confirm ran), this fails on every
-    /// thread.
+    /// thread. A root css is killed when its hierarchy is dropped.
     pub fn tryget_online(&self) -> Option<CssRef> {
-        let ok = self.is_root() || self.refcnt.tryget_live();
-        ok.then(|| CssRef { css: self.ptr() })
+        self.refcnt
+            .tryget_live()
+            .then(|| CssRef { css: self.ptr() })
     }
 
     // ----- queries ----------------------------------------------------------
@@ -268,9 +288,9 @@ impl Css {
         self.parent.map(|p| unsafe { p.get() })
     }
 
-    /// Whether this is a hierarchy's root css (not reference counted).
+    /// Whether this is a hierarchy's root css.
     pub fn is_root(&self) -> bool {
-        self.flags.load(Ordering::Relaxed) & CSS_NO_REF != 0
+        self.parent.is_none()
     }
 
     /// The lifecycle state.
@@ -375,8 +395,8 @@ impl Clone for CssRef {
 
 impl Drop for CssRef {
     fn drop(&mut self) {
-        // Nothing touches the css after the put: it may be the last one.
-        self.deref().put_raw(1);
+        // SAFETY: this handle's reference, given up here.
+        unsafe { css_put(self.css, 1) };
     }
 }
 
@@ -388,6 +408,10 @@ impl fmt::Debug for CssRef {
 
 /// `n` references on one css, from [`Css::get_many`]; dropping puts what is
 /// left with one `css_put_many`.
+///
+/// Besides the `n` it counts, a `CssRefs` holds one reference of its own
+/// until it is dropped, so that it can be dereferenced whatever its count
+/// (even zero) without the css being released under it.
 ///
 /// # Examples
 ///
@@ -401,6 +425,7 @@ impl fmt::Debug for CssRef {
 /// ```
 pub struct CssRefs {
     css: CssPtr,
+    /// References counted by the handle; it holds `n + 1`.
     n: usize,
 }
 
@@ -422,29 +447,25 @@ impl CssRefs {
             self.n
         );
         self.n -= k;
-        // SAFETY: the `k` references being put keep the css alive for the
-        // put itself; nothing touches it afterwards.
-        unsafe { self.css.get() }.put_raw(k);
+        // SAFETY: `k` of the references held, given up here; the handle's
+        // own reference stays, so this is never the last put.
+        unsafe { css_put(self.css, k) };
     }
 }
 
 impl Deref for CssRefs {
     type Target = Css;
     fn deref(&self) -> &Css {
-        // SAFETY: `deref` is only reachable while `n > 0` references are
-        // held, or during the final put itself; either way not freed.
+        // SAFETY: the handle's own reference keeps the css from being
+        // released until the handle is dropped.
         unsafe { self.css.get() }
     }
 }
 
 impl Drop for CssRefs {
     fn drop(&mut self) {
-        if self.n > 0 {
-            let n = self.n;
-            self.n = 0;
-            // SAFETY: the `n` references held keep the css alive for the put.
-            unsafe { self.css.get() }.put_raw(n);
-        }
+        // SAFETY: the `n` references counted plus the handle's own.
+        unsafe { css_put(self.css, self.n + 1) };
     }
 }
 
@@ -471,20 +492,161 @@ pub(crate) enum Work {
 }
 
 impl Work {
-    /// Runs the work; the caller holds `cgroup_mutex`.
-    pub(crate) fn run(self, inner: &Arc<Inner>) {
+    /// Runs the work; the caller holds `cgroup_mutex`. Panics of subsystem
+    /// callbacks are caught into `panics` and the work completes.
+    pub(crate) fn run(self, inner: &Arc<Inner>, panics: &mut CallbackPanics) {
         match self {
-            Work::Offline(p) => css_killed_work_fn(p),
-            Work::Release(p) => css_release_work_fn(inner, p),
-            Work::Free(p) => css_free_work_fn(inner, p),
+            Work::Offline(p) => css_killed_work_fn(p, panics),
+            Work::Release(p) => css_release_work_fn(inner, p, panics),
+            Work::Free(p) => css_free_work_fn(inner, p, panics),
         }
     }
 }
 
+// ----- puts, and handing releases on from a clean stack ---------------------
+
+// The css released by this thread's current `PercpuRef` call, to be handed
+// on once the call has returned (see the module docs).
+#[cfg(not(loom))]
+sync::thread_local! {
+    static RELEASED: Cell<Option<CssPtr>> = const { Cell::new(None) };
+    static RELEASED_MORE: RefCell<Vec<CssPtr>> = const { RefCell::new(Vec::new()) };
+}
+// loom's macro takes no `const` block.
+#[cfg(loom)]
+sync::thread_local! {
+    static RELEASED: Cell<Option<CssPtr>> = Cell::new(None);
+    static RELEASED_MORE: RefCell<Vec<CssPtr>> = RefCell::new(Vec::new());
+}
+
+/// `css_put_many`: puts `n` references, then hands on a release it caused.
+///
+/// # Safety
+///
+/// The caller holds `n` references on `p` and gives them up. It must not
+/// hold a `&Css` of `p` across this call that is not kept alive by
+/// something else (an RCU read section, another reference): the release
+/// this put causes may free the css before it returns.
+pub(crate) unsafe fn css_put(p: CssPtr, n: usize) {
+    let _settle = SettleReleases;
+    // SAFETY: the caller's references keep the css alive for the put; the
+    // `&Css` ends with it.
+    unsafe { p.get() }.refcnt.put_many(n);
+}
+
+/// Hands on, when dropped, the releases that the `PercpuRef` calls made
+/// meanwhile on this thread recorded, even if one of them panicked.
+/// Panics of subsystem callbacks run meanwhile are resumed after.
+pub(crate) struct SettleReleases;
+
+impl Drop for SettleReleases {
+    #[inline]
+    fn drop(&mut self) {
+        if RELEASED.with(|c| c.get().is_some()) {
+            let mut panics = CallbackPanics::default();
+            settle_releases(&mut panics);
+            panics.resume();
+        }
+    }
+}
+
+/// Hands on every release recorded by this thread's `PercpuRef` calls
+/// that have returned; callback panics are kept in `panics`.
+#[cold]
+pub(crate) fn settle_releases(panics: &mut CallbackPanics) {
+    while let Some(p) = RELEASED.with(Cell::take) {
+        hand_on_release(p, panics);
+        let more = RELEASED_MORE.with(|v| v.borrow_mut().pop());
+        if let Some(q) = more {
+            RELEASED.with(|c| c.set(Some(q)));
+        }
+    }
+}
+
+/// Hands the release of `p` to whoever runs it: the hierarchy's destroy
+/// queue, or, for a root css, this thread.
+fn hand_on_release(p: CssPtr, panics: &mut CallbackPanics) {
+    // SAFETY: the count reached zero in a `PercpuRef` call of this thread
+    // that has returned, and no one else knows yet, so nothing frees the
+    // css before the release is queued below.
+    let hier = unsafe { p.get() }.hier.clone();
+    match hier {
+        // Our own handle on the hierarchy: once the work is queued, another
+        // thread may free the css (and drop the css's handle) at any time.
+        Some(inner) => inner.queue_work(Work::Release(p), panics),
+        None => root_release(p, panics),
+    }
+}
+
+/// `css_release`: the refcount's release callback. It runs inside the
+/// `PercpuRef` call that put the last reference, on whichever thread made
+/// it, with that call's borrows of the css live, so it only records the
+/// release; the `css_put` (or `kill_css`) around the call hands it on.
+fn css_release(p: CssPtr) {
+    if let Some(earlier) = RELEASED.with(|c| c.replace(Some(p))) {
+        // Only after a panic skipped a hand-on (no wrapper does): keep it.
+        RELEASED_MORE.with(|v| v.borrow_mut().push(earlier));
+    }
+}
+
+// ----- the root css ---------------------------------------------------------
+
+/// Takes a root css down when its hierarchy goes (`Inner::drop`): unpublish
+/// it from the root cgroup (later [`Cgroup::css`] calls find nothing),
+/// offline it, and drop the hierarchy's base reference. It is released
+/// and freed when the last reference on it is put: now, or when the last
+/// task, page or [`CssRef`] on it goes.
+///
+/// No grace period is needed before the free: once the hierarchy is gone
+/// the id table is gone too (and [`Hierarchy::css_from_id`]'s result is
+/// bound to a hierarchy handle), and the root cgroup's slot, the only
+/// other way to the css without a reference, is cleared under the lock
+/// that [`Cgroup::css`] holds from its load to its `tryget_online`.
+///
+/// [`Hierarchy::css_from_id`]: super::Hierarchy::css_from_id
+pub(crate) fn kill_root_css(p: CssPtr, panics: &mut CallbackPanics) {
+    // SAFETY: the hierarchy holds the root's base reference until the kill
+    // below; this `&Css` is not used after it.
+    let css = unsafe { p.get() };
+    css.cgroup.clear_root_slot(css.ssid);
+    css.set_flags(CSS_DYING);
+    offline_css(css, panics);
+    // Hands on a release by the kill even if the kill panics; on success
+    // the release is handed on below, with its panics kept.
+    let settle = SettleReleases;
+    if let Err(e) = css.refcnt.kill() {
+        panic!("root css {} of {}: {e}", css.id, css.cgroup_path());
+    }
+    std::mem::forget(settle);
+    settle_releases(panics);
+}
+
+/// The release of a root css, on the thread that put its last reference
+/// (its hierarchy is gone, so there is no destroy queue and no
+/// `cgroup_mutex`): `css_released`, then at once `css_free` and the
+/// memory (see [`kill_root_css`] for why no grace period is needed).
+fn root_release(p: CssPtr, panics: &mut CallbackPanics) {
+    {
+        // SAFETY: released, and only this thread knows: nothing else can
+        // reach it (see `kill_root_css`).
+        let css = unsafe { p.get() };
+        css.set_flags(CSS_RELEASED);
+        panics.call(|| css.subsys.css_released(css));
+        panics.call(|| css.subsys.css_free(css));
+    }
+    // SAFETY: as above; nothing touches it after this.
+    unsafe { Css::dealloc(p) };
+}
+
+// ----- the lifecycle of a non-root css ----------------------------------------
+
 /// `online_css`: the subsystem's `css_online`, then mark online, publish in
 /// the cgroup's `subsys[]`, and count in `online_cnt` (own and parent's).
-pub(crate) fn online_css(css: &Css) -> Result<(), String> {
-    css.subsys.css_online(css)?;
+/// A panicking `css_online` counts as a refusal (the panic is kept).
+pub(crate) fn online_css(css: &Css, panics: &mut CallbackPanics) -> Result<(), String> {
+    panics
+        .call(|| css.subsys.css_online(css))
+        .unwrap_or_else(|| Err(String::from("css_online panicked")))?;
     css.set_flags(CSS_ONLINE);
     css.cgroup.subsys[css.ssid].store(css.ptr().as_ptr(), Ordering::Release);
     css.online_cnt.fetch_add(1, Ordering::AcqRel);
@@ -507,6 +669,9 @@ pub(crate) fn kill_css(p: CssPtr) {
     if !cfg!(percpu_ref_mutant = "css_no_kill_ref") {
         css.get_raw(1);
     }
+    // A release by the kill (only without the extra reference) is handed
+    // on once `kill_and_confirm` has returned.
+    let _settle = SettleReleases;
     if let Err(e) = css.refcnt.kill_and_confirm(|_| css_killed_ref_fn(p)) {
         panic!("kill_css: css {} of {}: {e}", css.id, css.cgroup_path());
     }
@@ -524,21 +689,27 @@ fn css_killed_ref_fn(p: CssPtr) {
     let last = css.online_cnt.fetch_sub(1, Ordering::AcqRel) == 1;
     // mutant css_no_online_cnt: offline at once, whatever the children.
     if last || cfg!(percpu_ref_mutant = "css_no_online_cnt") {
-        hier_of(css).queue_work(Work::Offline(p));
+        // This thread holds cgroup_mutex (only `rmdir` and `mkdir`'s undo
+        // kill), so this only queues: nothing runs inside the confirm.
+        let mut panics = CallbackPanics::default();
+        hier_of(css).queue_work(Work::Offline(p), &mut panics);
+        debug_assert!(panics.take().is_none());
     }
 }
 
 /// `css_killed_work_fn`: offline the css, drop the kill's extra reference,
 /// and walk up: a dying parent whose last online child this was goes
 /// offline now too.
-fn css_killed_work_fn(mut p: CssPtr) {
+fn css_killed_work_fn(mut p: CssPtr, panics: &mut CallbackPanics) {
     loop {
         // SAFETY: under cgroup_mutex (frees wait for it); `p` is pinned by
         // the kill's extra reference, or by its child that we came from.
         let css = unsafe { p.get() };
-        offline_css(css);
+        offline_css(css, panics);
         let parent = css.parent;
-        css.put_raw(1);
+        // SAFETY: the kill's extra reference; a release it causes is only
+        // queued (we hold cgroup_mutex), so `p` stays valid meanwhile.
+        unsafe { css_put(p, 1) };
         if cfg!(percpu_ref_mutant = "css_no_online_cnt") {
             return;
         }
@@ -555,11 +726,11 @@ fn css_killed_work_fn(mut p: CssPtr) {
 
 /// `offline_css`: the subsystem's `css_offline`, then unpublish from the
 /// cgroup's `subsys[]`.
-fn offline_css(css: &Css) {
+fn offline_css(css: &Css, panics: &mut CallbackPanics) {
     if !css.is_online() {
         return;
     }
-    css.subsys.css_offline(css);
+    panics.call(|| css.subsys.css_offline(css));
     css.clear_flags(CSS_ONLINE);
     css.set_flags(CSS_OFFLINED);
     let _ = css.cgroup.subsys[css.ssid].compare_exchange(
@@ -570,19 +741,9 @@ fn offline_css(css: &Css) {
     );
 }
 
-/// `css_release`: the refcount's release callback. Runs on whichever
-/// thread put the last reference, possibly holding other locks, so it only
-/// queues the release work.
-fn css_release(p: CssPtr) {
-    // SAFETY: the count just reached zero, and frees only happen after the
-    // release work below ran and a grace period passed.
-    let css = unsafe { p.get() };
-    hier_of(css).clone().queue_work(Work::Release(p));
-}
-
 /// `css_release_work_fn`: mark released, unlink from the parent's children
 /// and the id table, tell the subsystem, and free after a grace period.
-fn css_release_work_fn(inner: &Arc<Inner>, p: CssPtr) {
+fn css_release_work_fn(inner: &Arc<Inner>, p: CssPtr, panics: &mut CallbackPanics) {
     // SAFETY: under cgroup_mutex; released but not yet queued for freeing.
     let css = unsafe { p.get() };
     css.set_flags(CSS_RELEASED);
@@ -590,18 +751,18 @@ fn css_release_work_fn(inner: &Arc<Inner>, p: CssPtr) {
         sync::lock(&parent.children).retain(|&id| id != css.id);
     }
     inner.idrs[css.ssid].unpublish(css.id);
-    css.subsys.css_released(css);
+    panics.call(|| css.subsys.css_released(css));
     inner.queue_rcu_work(Work::Free(p));
 }
 
 /// `css_free_rwork_fn`: a grace period after release nothing can reach the
 /// css: tell the subsystem, free it, free its id, and put the parent.
-fn css_free_work_fn(inner: &Arc<Inner>, p: CssPtr) {
+fn css_free_work_fn(inner: &Arc<Inner>, p: CssPtr, panics: &mut CallbackPanics) {
     // SAFETY: a grace period passed since the css was unpublished; only this
     // work can reach it.
     let css = unsafe { p.get() };
     let (id, ssid, parent) = (css.id, css.ssid, css.parent);
-    css.subsys.css_free(css);
+    panics.call(|| css.subsys.css_free(css));
     let live_children = sync::lock(&css.children).len();
     assert!(
         live_children == 0,
@@ -613,8 +774,8 @@ fn css_free_work_fn(inner: &Arc<Inner>, p: CssPtr) {
     inner.idrs[ssid].remove(id);
     inner.css_freed();
     if let Some(pp) = parent {
-        // SAFETY: the reference we are about to put keeps the parent alive.
-        unsafe { pp.get() }.put_raw(1);
+        // SAFETY: the css's pin on its parent, given up here.
+        unsafe { css_put(pp, 1) };
     }
 }
 

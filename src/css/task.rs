@@ -10,7 +10,8 @@
 //! until its last page is uncharged or moved away.
 
 use super::hierarchy::Cgroup;
-use super::subsys_state::{Css, CssPtr, CssRef};
+use super::subsys::CallbackPanics;
+use super::subsys_state::{css_put, Css, CssPtr, CssRef};
 use arc_swap::ArcSwap;
 use std::fmt;
 use std::sync::Arc;
@@ -173,12 +174,20 @@ impl Pages {
 
     /// Charges `n` pages to `css` with one `css_get_many(n)`.
     ///
+    /// Room for the pages is reserved first, so a charge that cannot be
+    /// stored panics before it takes any reference.
+    ///
     /// # Panics
     ///
-    /// If `css` was released (get on a zero count).
+    /// If `css` was released (get on a zero count), or `n` pages do not
+    /// fit in memory; nothing is charged then.
     pub fn charge(&mut self, css: &Css, n: usize) {
+        if let Err(e) = self.owners.try_reserve(n) {
+            panic!("Pages::charge({n}): cannot store the pages: {e}");
+        }
         css.get_raw(n);
         let p = CssPtr::from_raw(css as *const Css as *mut Css).expect("a reference is never null");
+        // Within the reserved capacity: no allocation, no panic.
         self.owners.extend(std::iter::repeat_n(p, n));
     }
 
@@ -191,9 +200,15 @@ impl Pages {
 
     /// Uncharges the last `n` pages (fewer if fewer are charged), one
     /// `css_put_many` per run of pages on the same css; returns how many.
+    ///
+    /// # Panics
+    ///
+    /// With the first panic of a subsystem callback run by a release these
+    /// puts caused, once every page was uncharged.
     pub fn uncharge(&mut self, n: usize) -> usize {
         let n = n.min(self.owners.len());
         let mut left = n;
+        let mut panics = CallbackPanics::default();
         while left > 0 {
             let last = *self.owners.last().expect("left <= len");
             let mut run = 0;
@@ -201,10 +216,13 @@ impl Pages {
                 self.owners.pop();
                 run += 1;
             }
-            // SAFETY: the `run` references being put keep the css alive.
-            unsafe { last.get() }.put_raw(run);
+            // Caught, so that the remaining pages are uncharged too.
+            // SAFETY: the `run` pages' references, given up here (their
+            // entries are gone).
+            panics.call(|| unsafe { css_put(last, run) });
             left -= run;
         }
+        panics.resume();
         n
     }
 
@@ -238,7 +256,12 @@ impl Pages {
                 *o = to_p;
             }
         }
-        from.put_raw(count);
+        let from_p = CssPtr::from_raw(from_p).expect("never null");
+        // SAFETY: the `count` references of the pages just moved away. The
+        // caller's `from` stays valid: if these were the last references,
+        // the caller found `from` under an RCU read section (any other way
+        // to a `&Css` holds a reference), which holds off the free.
+        unsafe { css_put(from_p, count) };
         count
     }
 }
