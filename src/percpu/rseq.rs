@@ -299,7 +299,7 @@ mod tests {
                 section_once(&c, &atomic, 1, 2),
                 super::super::MODE_ATOMIC as u32
             );
-            assert_eq!(c.seal_and_sum(), 5);
+            assert_eq!(c.seal_and_sum().unwrap(), 5);
         })
         .join()
         .unwrap();
