@@ -565,7 +565,7 @@ impl<T> Owner<T> {
     /// # Panics
     ///
     /// If the kernel refused the grace period
-    /// ([`Error::GracePeriodFailed`](crate::Error::GracePeriodFailed)): the
+    /// ([`Error::GracePeriodFailed`]): the
     /// kill was undone, and the object stays alive for good (leaked, never
     /// dropped), so existing references stay valid.
     pub fn kill(self) -> Killed<T> {
