@@ -11,12 +11,13 @@
 //! in percpu mode). A sequence ends when the ref becomes miscounted: from
 //! then on it never releases, which the last step checks.
 
-use percpu_ref::{Backend, Error, InitFlags, PercpuRef};
+mod common;
+use common::{backends, counted_with, try_panic_message};
+use percpu_ref::{Backend, Error, InitFlags};
 use proptest::prelude::*;
 use std::borrow::Cow;
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
-use std::sync::Arc;
+use std::sync::atomic::Ordering::SeqCst;
 
 const MAX: i128 = (1 << 62) - 1;
 const LIMIT: u64 = 1 << 16;
@@ -335,66 +336,51 @@ impl Model {
 }
 
 fn run(backend: Backend, flags: InitFlags, release_panics: bool, ops: &[Op]) {
-    let releases = Arc::new(AtomicUsize::new(0));
-    let r = {
-        let releases = releases.clone();
-        PercpuRef::with_backend(
-            move |_| {
-                releases.fetch_add(1, SeqCst);
-                if release_panics {
-                    panic!("release panics");
-                }
-            },
-            flags,
-            backend,
-        )
-        .unwrap()
-    };
+    let (r, releases) = counted_with(flags, backend, release_panics);
     let mut m = Model::new(flags, release_panics);
     for (i, op) in ops.iter().enumerate() {
         let expected = m.step(op);
-        let got = catch_unwind(AssertUnwindSafe(|| match *op {
-            Op::Get(n) => {
-                r.get_many(n as usize);
-                Outcome::Done
-            }
-            Op::Put(n) => {
-                r.put_many(n as usize);
-                Outcome::Done
-            }
-            Op::TryGet(n) => Outcome::Bool(r.tryget_many(n as usize)),
-            Op::TryGetLive => Outcome::Bool(r.tryget_live()),
-            Op::Kill { confirm_panics } => match r.kill_and_confirm(|r| {
-                assert!(!r.tryget_live(), "tryget_live succeeded inside confirm");
-                if confirm_panics {
-                    panic!("confirm panics");
+        let mut result = None;
+        let panicked = try_panic_message(|| {
+            result = Some(match *op {
+                Op::Get(n) => {
+                    r.get_many(n as usize);
+                    Outcome::Done
                 }
-            }) {
-                Ok(()) => Outcome::Done,
-                Err(e) => Outcome::Err(e),
-            },
-            Op::SwitchToAtomic { confirm_panics } => {
-                r.switch_to_atomic_and_confirm(|_| {
+                Op::Put(n) => {
+                    r.put_many(n as usize);
+                    Outcome::Done
+                }
+                Op::TryGet(n) => Outcome::Bool(r.tryget_many(n as usize)),
+                Op::TryGetLive => Outcome::Bool(r.tryget_live()),
+                Op::Kill { confirm_panics } => match r.kill_and_confirm(|r| {
+                    assert!(!r.tryget_live(), "tryget_live succeeded inside confirm");
                     if confirm_panics {
                         panic!("confirm panics");
                     }
-                });
-                Outcome::Done
-            }
-            Op::SwitchToPercpu => r
-                .switch_to_percpu()
-                .map_or_else(Outcome::Err, |()| Outcome::Done),
-            Op::Reinit => r.reinit().map_or_else(Outcome::Err, |()| Outcome::Done),
-            Op::Resurrect => r.resurrect().map_or_else(Outcome::Err, |()| Outcome::Done),
-        }))
-        .unwrap_or_else(|e| {
-            let msg = e
-                .downcast_ref::<String>()
-                .cloned()
-                .or_else(|| e.downcast_ref::<&str>().map(|s| s.to_string()))
-                .unwrap_or_default();
-            Outcome::Panic(msg.into())
+                }) {
+                    Ok(()) => Outcome::Done,
+                    Err(e) => Outcome::Err(e),
+                },
+                Op::SwitchToAtomic { confirm_panics } => {
+                    r.switch_to_atomic_and_confirm(|_| {
+                        if confirm_panics {
+                            panic!("confirm panics");
+                        }
+                    });
+                    Outcome::Done
+                }
+                Op::SwitchToPercpu => r
+                    .switch_to_percpu()
+                    .map_or_else(Outcome::Err, |()| Outcome::Done),
+                Op::Reinit => r.reinit().map_or_else(Outcome::Err, |()| Outcome::Done),
+                Op::Resurrect => r.resurrect().map_or_else(Outcome::Err, |()| Outcome::Done),
+            })
         });
+        let got = match panicked {
+            Some(msg) => Outcome::Panic(msg.into()),
+            None => result.expect("no panic, so a result"),
+        };
         let ctx = || format!("{backend} {flags:?} step {i} {op:?}; model {m:?}");
         match (&expected, &got) {
             (Outcome::Panic(want), Outcome::Panic(msg)) => {
@@ -426,13 +412,6 @@ fn run(backend: Backend, flags: InitFlags, release_panics: bool, ops: &[Op]) {
             assert_eq!(r.is_zero(), m.a == 0, "{}: is_zero", ctx());
         }
     }
-}
-
-fn backends() -> Vec<Backend> {
-    [Backend::Sharded, Backend::Rseq]
-        .into_iter()
-        .filter(|b| b.is_available())
-        .collect()
 }
 
 proptest! {

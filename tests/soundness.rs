@@ -3,44 +3,13 @@
 //! and counts at their limit. Each test runs on every available backend.
 //! (Issue 10, items 5 to 9; the css and rseq items have their own files.)
 
-use percpu_ref::{Backend, Error, InitFlags, PercpuRef};
-use std::panic::{catch_unwind, AssertUnwindSafe};
+mod common;
+use common::{backends, counted, counted_with, panic_message};
+use percpu_ref::{Backend, Error, InitFlags};
 use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
 use std::sync::Arc;
 
 const MAX_COUNT: usize = (1 << 62) - 1;
-
-fn backends() -> Vec<Backend> {
-    [Backend::Sharded, Backend::Rseq]
-        .into_iter()
-        .filter(|b| b.is_available())
-        .collect()
-}
-
-/// A ref on `backend` whose release calls are counted.
-fn counted(flags: InitFlags, backend: Backend) -> (PercpuRef, Arc<AtomicUsize>) {
-    let releases = Arc::new(AtomicUsize::new(0));
-    let r = {
-        let releases = releases.clone();
-        PercpuRef::with_backend(
-            move |_| {
-                releases.fetch_add(1, SeqCst);
-            },
-            flags,
-            backend,
-        )
-        .unwrap()
-    };
-    (r, releases)
-}
-
-fn panic_message(f: impl FnOnce()) -> String {
-    let err = catch_unwind(AssertUnwindSafe(f)).expect_err("expected a panic");
-    err.downcast_ref::<String>()
-        .cloned()
-        .or_else(|| err.downcast_ref::<&str>().map(|s| s.to_string()))
-        .unwrap_or_default()
-}
 
 // ----- item 5: panicking callbacks --------------------------------------------
 
@@ -118,44 +87,21 @@ fn a_switch_from_inside_confirm_panics_after_the_kill_completes() {
 #[test]
 fn a_panicking_release_runs_once_and_leaves_the_ref_released() {
     for b in backends() {
-        let calls = Arc::new(AtomicUsize::new(0));
-        let r = {
-            let calls = calls.clone();
-            PercpuRef::with_backend(
-                move |_| {
-                    calls.fetch_add(1, SeqCst);
-                    panic!("release failed on purpose");
-                },
-                InitFlags::empty(),
-                b,
-            )
-            .unwrap()
-        };
+        let (r, calls) = counted_with(InitFlags::empty(), b, true);
         r.get();
         r.kill().unwrap();
         let msg = panic_message(|| r.put());
-        assert_eq!(msg, "release failed on purpose");
+        assert_eq!(msg, "release panics");
         assert!(r.is_zero(), "{b}");
         assert!(!r.tryget(), "{b}: released stays released");
         assert_eq!(calls.load(SeqCst), 1, "{b}");
         // The same from the kill's own put.
-        let r2 = {
-            let calls = calls.clone();
-            PercpuRef::with_backend(
-                move |_| {
-                    calls.fetch_add(1, SeqCst);
-                    panic!("release failed on purpose");
-                },
-                InitFlags::empty(),
-                b,
-            )
-            .unwrap()
-        };
+        let (r2, calls2) = counted_with(InitFlags::empty(), b, true);
         panic_message(|| {
             let _ = r2.kill();
         });
         assert!(r2.is_zero() && r2.is_dying(), "{b}");
-        assert_eq!(calls.load(SeqCst), 2, "{b}");
+        assert_eq!(calls2.load(SeqCst), 1, "{b}");
     }
 }
 

@@ -220,6 +220,29 @@ pub(crate) struct CgroupNode {
 }
 
 impl CgroupNode {
+    /// An online cgroup with no csses yet, no tasks and no children.
+    fn new(
+        hid: u64,
+        name: String,
+        path: String,
+        parent: Option<Arc<CgroupNode>>,
+        nr_subsys: usize,
+    ) -> CgroupNode {
+        CgroupNode {
+            hid,
+            name,
+            path,
+            parent,
+            subsys: (0..nr_subsys)
+                .map(|_| AtomicPtr::new(std::ptr::null_mut()))
+                .collect(),
+            online: AtomicBool::new(true),
+            nr_tasks: AtomicUsize::new(0),
+            children: Mutex::new(BTreeMap::new()),
+            root_slots: Mutex::new(()),
+        }
+    }
+
     pub(crate) fn path(&self) -> &str {
         &self.path
     }
@@ -715,19 +738,13 @@ impl Hierarchy {
     pub fn with_options(subsys: Vec<Arc<dyn Subsys>>, opts: Options) -> Hierarchy {
         assert!(!subsys.is_empty(), "Hierarchy::new: no subsystems");
         let hid = NEXT_HIERARCHY.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let root = Arc::new(CgroupNode {
+        let root = Arc::new(CgroupNode::new(
             hid,
-            name: String::new(),
-            path: "/".to_string(),
-            parent: None,
-            subsys: (0..subsys.len())
-                .map(|_| AtomicPtr::new(std::ptr::null_mut()))
-                .collect(),
-            online: AtomicBool::new(true),
-            nr_tasks: AtomicUsize::new(0),
-            children: Mutex::new(BTreeMap::new()),
-            root_slots: Mutex::new(()),
-        });
+            String::new(),
+            "/".to_string(),
+            None,
+            subsys.len(),
+        ));
         let idrs: Vec<Idr> = subsys.iter().map(|_| Idr::new(opts.max_css_ids)).collect();
         // Built before the root csses, so that if one is refused (or its
         // callback panics) dropping `inner` takes down those made so far.
@@ -832,19 +849,13 @@ impl Hierarchy {
             if sync::lock(&parent.node.children).contains_key(name) {
                 return Err(CgroupError::Exists { path });
             }
-            let node = Arc::new(CgroupNode {
-                hid: inner.hid,
-                name: name.to_string(),
+            let node = Arc::new(CgroupNode::new(
+                inner.hid,
+                name.to_string(),
                 path,
-                parent: Some(parent.node.clone()),
-                subsys: (0..inner.subsys.len())
-                    .map(|_| AtomicPtr::new(std::ptr::null_mut()))
-                    .collect(),
-                online: AtomicBool::new(true),
-                nr_tasks: AtomicUsize::new(0),
-                children: Mutex::new(BTreeMap::new()),
-                root_slots: Mutex::new(()),
-            });
+                Some(parent.node.clone()),
+                inner.subsys.len(),
+            ));
             for ssid in 0..inner.subsys.len() {
                 if let Err(e) = inner.css_create(&node, ssid, &mut g.panics) {
                     // Undo as the kernel does: destroy what was made.

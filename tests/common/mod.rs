@@ -1,0 +1,61 @@
+//! Helpers shared by the protocol test files.
+#![allow(dead_code)] // each test file uses a subset
+
+use percpu_ref::{Backend, InitFlags, PercpuRef};
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
+use std::sync::Arc;
+
+/// Every backend this process can run.
+pub fn backends() -> Vec<Backend> {
+    [Backend::Sharded, Backend::Rseq]
+        .into_iter()
+        .filter(|b| b.is_available())
+        .collect()
+}
+
+/// A ref on `backend` whose release calls are counted; with
+/// `release_panics`, each release panics with "release panics" after
+/// counting.
+pub fn counted_with(
+    flags: InitFlags,
+    backend: Backend,
+    release_panics: bool,
+) -> (PercpuRef, Arc<AtomicUsize>) {
+    let releases = Arc::new(AtomicUsize::new(0));
+    let r = {
+        let releases = releases.clone();
+        PercpuRef::with_backend(
+            move |_| {
+                releases.fetch_add(1, SeqCst);
+                if release_panics {
+                    panic!("release panics");
+                }
+            },
+            flags,
+            backend,
+        )
+        .unwrap()
+    };
+    (r, releases)
+}
+
+/// A ref on `backend` whose release calls are counted.
+pub fn counted(flags: InitFlags, backend: Backend) -> (PercpuRef, Arc<AtomicUsize>) {
+    counted_with(flags, backend, false)
+}
+
+/// What `f` panicked with (empty for a non-string payload), or `None`.
+pub fn try_panic_message(f: impl FnOnce()) -> Option<String> {
+    catch_unwind(AssertUnwindSafe(f)).err().map(|err| {
+        err.downcast_ref::<String>()
+            .cloned()
+            .or_else(|| err.downcast_ref::<&str>().map(|s| s.to_string()))
+            .unwrap_or_default()
+    })
+}
+
+/// What `f` panicked with; fails the test if it did not panic.
+pub fn panic_message(f: impl FnOnce()) -> String {
+    try_panic_message(f).expect("expected a panic")
+}
