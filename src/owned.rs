@@ -456,8 +456,10 @@ unsafe fn inner<'a, T>(p: NonNull<Inner<T>>) -> &'a Inner<T> {
 #[inline(always)]
 unsafe fn put_ref<T>(p: NonNull<Inner<T>>) {
     let _settle = settle_guard();
-    // SAFETY: our reference keeps the count, hence the block, alive.
-    unsafe { (*p.as_ptr()).pref.put() };
+    // SAFETY: our reference keeps the count, hence the block, alive until
+    // the put gives it up; the raw put holds no borrow of the block past
+    // that point (another thread's release may free it right after).
+    unsafe { PercpuRef::put_many_raw(std::ptr::addr_of!((*p.as_ptr()).pref), 1) };
 }
 
 // ----- Owner ----------------------------------------------------------------

@@ -239,6 +239,50 @@ fn detect_backend() -> (Backend, Option<String>) {
     }
 }
 
+/// What one `try_add` needs of a ref's counters, as plain pointers.
+///
+/// A put that is not the last one can still be running when another
+/// thread's last put releases the ref and its owner frees it. Nothing is
+/// read after the add commits, but a `&Counters` (or `&PercpuRef`) held as
+/// a function argument across the add would still be a live borrow of
+/// freed memory (undefined behaviour under Stacked and Tree Borrows). So
+/// the put path copies these pointers out first and commits through them;
+/// the only references it holds across the add are to atomics (the mode
+/// word, a shard), whose interior mutability makes that allowed, as for
+/// `Arc`'s own counter.
+#[derive(Clone, Copy)]
+pub(crate) enum Target {
+    /// The slot's CPU-0 counter in the per-CPU arena.
+    #[cfg(percpu_ref_rseq)]
+    Rseq(*mut u8),
+    /// This thread's shard.
+    Sharded(*const crate::sync::AtomicU64),
+    /// The loom model (not run under Miri).
+    #[cfg(loom)]
+    Model(*const model::ModelCpus),
+}
+
+impl Target {
+    /// As [`Counters::try_add`].
+    ///
+    /// # Safety
+    ///
+    /// The counters this was taken from are alive until the add commits
+    /// (the caller holds a reference on the ref).
+    #[inline(always)]
+    pub(crate) unsafe fn try_add(self, mode: &AtomicUsize, delta: u64) -> bool {
+        match self {
+            #[cfg(percpu_ref_rseq)]
+            Target::Rseq(base) => rseq::try_add_at(base, mode, delta),
+            // SAFETY: the caller keeps the shard alive up to the add.
+            Target::Sharded(shard) => sharded::try_add_at(unsafe { &*shard }, delta),
+            // SAFETY: as above.
+            #[cfg(loom)]
+            Target::Model(m) => unsafe { &*m }.try_add(mode, delta),
+        }
+    }
+}
+
 /// One ref's per-CPU counters, on whichever backend it was created with.
 ///
 /// An enum rather than a trait object: the match on the fast path is one
@@ -282,12 +326,20 @@ impl Counters {
     /// Adds `delta` (wrapping) to this CPU's counter if `mode` is percpu.
     #[inline(always)]
     pub(crate) fn try_add(&self, mode: &AtomicUsize, delta: u64) -> bool {
+        // SAFETY: `&self` keeps the counters alive across the add.
+        unsafe { self.target().try_add(mode, delta) }
+    }
+
+    /// Where this thread's add goes, copied out so that the add itself
+    /// holds no reference to the counters (see [`Target`]).
+    #[inline(always)]
+    pub(crate) fn target(&self) -> Target {
         match self {
             #[cfg(percpu_ref_rseq)]
-            Counters::Rseq(r) => r.try_add(mode, delta),
-            Counters::Sharded(s) => s.try_add(mode, delta),
+            Counters::Rseq(r) => Target::Rseq(r.base()),
+            Counters::Sharded(s) => Target::Sharded(s.shard()),
             #[cfg(loom)]
-            Counters::Model(s) => s.try_add(mode, delta),
+            Counters::Model(s) => Target::Model(s),
         }
     }
 

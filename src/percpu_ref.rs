@@ -290,17 +290,62 @@ impl PercpuRef {
     /// As [`put`](Self::put), or if `n` is above 2^62 - 1.
     #[inline]
     pub fn put_many(&self, n: usize) {
+        // SAFETY: `&self` keeps the ref alive, and the caller's `n`
+        // references are given up here (the contract of `put_many`).
+        unsafe { Self::put_many_raw(self, n) }
+    }
+
+    /// [`put_many`](Self::put_many) through a pointer, for owners that free
+    /// the ref when it is released (the owned and css layers).
+    ///
+    /// A put that is not the last can still be running when another
+    /// thread's last put releases the ref and the owner frees it. This path
+    /// holds no `&PercpuRef` across its decrement: it copies what the
+    /// per-CPU add needs first (`percpu::Target`) and decrements the atomic
+    /// counter through a reference to that atomic alone, and it forms
+    /// `&PercpuRef` again only to call `release`, when its own put was the
+    /// last. A `&self` method would keep a borrow of freed memory alive
+    /// until it returned.
+    ///
+    /// # Safety
+    ///
+    /// `this` points to a live `PercpuRef` on which the caller holds `n`
+    /// references, which it gives up.
+    #[inline]
+    pub(crate) unsafe fn put_many_raw(this: *const Self, n: usize) {
         let n = checked_n("put_many", n);
-        if n != 0 && !self.try_add_percpu(n, n.wrapping_neg()) {
-            self.put_atomic(n);
+        if n == 0 {
+            return;
+        }
+        // SAFETY: the caller's references keep `*this` alive until our
+        // decrement; the borrows formed here end before it, except the
+        // mode word's (an atomic: allowed to dangle, as `Arc`'s counter).
+        let counted = n < PERCPU_N_LIMIT
+            && unsafe {
+                let target = (*this).counters.target();
+                target.try_add(&(*this).mode, n.wrapping_neg())
+            };
+        if !counted {
+            // SAFETY: as above.
+            unsafe { Self::put_atomic_raw(this, n) }
         }
     }
 
+    /// # Safety
+    ///
+    /// As [`put_many_raw`](Self::put_many_raw).
     #[inline(never)]
-    fn put_atomic(&self, n: u64) {
-        match self.count.sub(n) {
+    unsafe fn put_atomic_raw(this: *const Self, n: u64) {
+        // SAFETY: alive until our decrement; `count` is only atomics.
+        let count = unsafe { &(*this).count };
+        match count.sub(n) {
             PutOutcome::Alive => {}
-            PutOutcome::ReachedZero => (self.release)(self),
+            PutOutcome::ReachedZero => {
+                // SAFETY: ours was the last reference: nobody can free the
+                // ref before its release has run.
+                let r = unsafe { &*this };
+                (r.release)(r)
+            }
             PutOutcome::Underflow { count } => {
                 panic!("{}", underflow_message("put_many", n, count))
             }

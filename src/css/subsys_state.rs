@@ -529,9 +529,10 @@ sync::thread_local! {
 /// this put causes may free the css before it returns.
 pub(crate) unsafe fn css_put(p: CssPtr, n: usize) {
     let _settle = SettleReleases;
-    // SAFETY: the caller's references keep the css alive for the put; the
-    // `&Css` ends with it.
-    unsafe { p.get() }.refcnt.put_many(n);
+    // SAFETY: the caller's references keep the css alive until the put
+    // gives them up; the raw put holds no borrow of the css past that point
+    // (another thread's release may free it right after).
+    unsafe { PercpuRef::put_many_raw(std::ptr::addr_of!((*p.as_ptr()).refcnt), n) };
 }
 
 /// Hands on, when dropped, the releases that the `PercpuRef` calls made

@@ -95,106 +95,20 @@ impl RseqCounters {
         }
     }
 
+    /// The slot's CPU-0 counter, for [`try_add_at`].
     #[inline(always)]
-    pub(crate) fn try_add(&self, mode: &AtomicUsize, delta: u64) -> bool {
-        let ncpu = arena::fast_path_cpus();
-        let r = self.section(mode, delta, ncpu);
-        r & NOT_COUNTED == 0 || self.try_add_slow(mode, delta, ncpu, r)
+    pub(crate) fn base(&self) -> *mut u8 {
+        self.slot.base()
     }
 
-    /// After an abort, retry until the section commits or finds the mode
-    /// atomic (or this thread unregistered, or on a CPU without a region).
-    #[cold]
-    #[inline(never)]
-    fn try_add_slow(&self, mode: &AtomicUsize, delta: u64, ncpu: u32, mut r: u32) -> bool {
-        while r & ABORTED != 0 {
-            rseq_abi::record_abort();
-            r = self.section(mode, delta, ncpu);
-        }
-        r & NOT_COUNTED == 0
+    #[cfg(test)]
+    fn try_add(&self, mode: &AtomicUsize, delta: u64) -> bool {
+        try_add_at(self.base(), mode, delta)
     }
 
-    /// Runs the critical section once with `ncpu` as the bound on `cpu_id`;
-    /// returns the mode word as loaded in it (counted when `MODE_ATOMIC` is
-    /// clear), [`UNREGISTERED`], [`OUT_OF_ARENA`] or [`ABORTED`].
-    ///
-    /// `ncpu` must be at most [`arena::arena_cpus`] (the regions this
-    /// slot's chunk has) and at most `i32::MAX`; the fast path passes
-    /// exactly [`arena::fast_path_cpus`], tests pass less.
-    ///
-    /// `cpu_id` and the mode are tested separately: or-ing them into one
-    /// word (one instruction less) would read CPU 1's id as `MODE_ATOMIC`
-    /// and send every operation on odd CPUs to the atomic path.
-    #[inline(always)]
+    #[cfg(test)]
     fn section(&self, mode: &AtomicUsize, delta: u64, ncpu: u32) -> u32 {
-        debug_assert!(ncpu as usize <= arena::arena_cpus() && ncpu <= i32::MAX as u32);
-        let result: u32;
-        // SAFETY: `rseq_offset` locates glibc's registered rseq area of this
-        // thread (`available()` held when these counters were made); the
-        // section writes only `rseq_cs` there, as the ABI intends. The
-        // descriptor lives in the `__rseq_cs` section, 32-byte aligned, with
-        // `abort_ip` outside [start_ip, post_commit) and preceded by glibc's
-        // x86 signature 0x53053053. The store that arms the section is the
-        // instruction right before `start_ip`, so an interrupt after it
-        // lands inside the section. The commit writes the slot's counter
-        // for `cpu_id` only when `cpu_id` < `ncpu` as unsigned numbers
-        // (every negative id, read as unsigned, is above `ncpu` <=
-        // i32::MAX), and `ncpu` is at most the number of regions the slot's
-        // chunk has, so the write is inside the chunk whatever the kernel
-        // reports; only this CPU's threads write that counter, and the
-        // kernel aborts any that is interrupted before the commit. `mode` is
-        // read, never written.
-        unsafe {
-            asm!(
-                "lea {tmp}, [rip + 3f]",
-                "mov qword ptr fs:[{off} + {cs}], {tmp}",
-                "4:",
-                "mov {tmp:e}, dword ptr fs:[{off} + {cpu_id}]",
-                "cmp {tmp:e}, {ncpu:e}",
-                "jae 7f",
-                "mov {res:e}, dword ptr [{mode}]",
-                "test {res:e}, {atomic}",
-                "jnz 5f",
-                "shl {tmp}, {shift}",
-                "add qword ptr [{slot} + {tmp}], {delta}",
-                "5:",
-                ".pushsection __rseq_cs, \"aw\"",
-                ".balign 32",
-                "3:",
-                ".long 0, 0",
-                ".quad 4b, 5b - 4b, 6f",
-                ".popsection",
-                ".pushsection .text.unlikely.percpu_ref_rseq_abort, \"ax\"",
-                "7:",
-                "mov {res:e}, {out_of_arena}",
-                "test {tmp:e}, {tmp:e}",
-                "jns 5b",
-                "mov {res:e}, {unregistered}",
-                "jmp 5b",
-                ".byte 0x0f, 0xb9, 0x3d",
-                ".long 0x53053053",
-                "6:",
-                "mov {res:e}, {aborted}",
-                "jmp 5b",
-                ".popsection",
-                off = in(reg) rseq_abi::rseq_offset(),
-                mode = in(reg) mode.as_ptr(),
-                slot = in(reg) self.slot.base(),
-                delta = in(reg) delta,
-                ncpu = in(reg) ncpu,
-                tmp = out(reg) _,
-                res = out(reg) result,
-                cs = const RSEQ_CS_OFFSET,
-                cpu_id = const CPU_ID_OFFSET,
-                shift = const REGION_SHIFT,
-                atomic = const super::MODE_ATOMIC as u32,
-                unregistered = const UNREGISTERED,
-                out_of_arena = const OUT_OF_ARENA,
-                aborted = const ABORTED,
-                options(nostack),
-            );
-        }
-        result
+        section(self.base(), mode, delta, ncpu)
     }
 
     pub(crate) fn seal_and_sum(&self) -> std::io::Result<u64> {
@@ -209,6 +123,113 @@ impl RseqCounters {
     pub(crate) fn storage_bytes(&self) -> usize {
         8 * arena::arena_cpus()
     }
+}
+
+/// Adds `delta` to this CPU's counter of the slot at `base` if `mode` is
+/// percpu (the backend's `try_add`). Takes the slot's address rather than
+/// `&RseqCounters`, so that no borrow of the ref is live while the add
+/// commits (see `percpu::Target`); arena memory itself is never freed.
+#[inline(always)]
+pub(crate) fn try_add_at(base: *mut u8, mode: &AtomicUsize, delta: u64) -> bool {
+    let ncpu = arena::fast_path_cpus();
+    let r = section(base, mode, delta, ncpu);
+    r & NOT_COUNTED == 0 || try_add_slow(base, mode, delta, ncpu, r)
+}
+
+/// After an abort, retry until the section commits or finds the mode
+/// atomic (or this thread unregistered, or on a CPU without a region).
+#[cold]
+#[inline(never)]
+fn try_add_slow(base: *mut u8, mode: &AtomicUsize, delta: u64, ncpu: u32, mut r: u32) -> bool {
+    while r & ABORTED != 0 {
+        rseq_abi::record_abort();
+        r = section(base, mode, delta, ncpu);
+    }
+    r & NOT_COUNTED == 0
+}
+
+/// Runs the critical section once on the slot whose CPU-0 counter is at
+/// `base` (an arena slot), with `ncpu` as the bound on `cpu_id`;
+/// returns the mode word as loaded in it (counted when `MODE_ATOMIC` is
+/// clear), [`UNREGISTERED`], [`OUT_OF_ARENA`] or [`ABORTED`].
+///
+/// `ncpu` must be at most [`arena::arena_cpus`] (the regions this
+/// slot's chunk has) and at most `i32::MAX`; the fast path passes
+/// exactly [`arena::fast_path_cpus`], tests pass less.
+///
+/// `cpu_id` and the mode are tested separately: or-ing them into one
+/// word (one instruction less) would read CPU 1's id as `MODE_ATOMIC`
+/// and send every operation on odd CPUs to the atomic path.
+#[inline(always)]
+fn section(base: *mut u8, mode: &AtomicUsize, delta: u64, ncpu: u32) -> u32 {
+    debug_assert!(ncpu as usize <= arena::arena_cpus() && ncpu <= i32::MAX as u32);
+    let result: u32;
+    // SAFETY: `rseq_offset` locates glibc's registered rseq area of this
+    // thread (`available()` held when these counters were made); the
+    // section writes only `rseq_cs` there, as the ABI intends. The
+    // descriptor lives in the `__rseq_cs` section, 32-byte aligned, with
+    // `abort_ip` outside [start_ip, post_commit) and preceded by glibc's
+    // x86 signature 0x53053053. The store that arms the section is the
+    // instruction right before `start_ip`, so an interrupt after it
+    // lands inside the section. The commit writes the slot's counter
+    // for `cpu_id` only when `cpu_id` < `ncpu` as unsigned numbers
+    // (every negative id, read as unsigned, is above `ncpu` <=
+    // i32::MAX), and `ncpu` is at most the number of regions the slot's
+    // chunk has, so the write is inside the chunk whatever the kernel
+    // reports; only this CPU's threads write that counter, and the
+    // kernel aborts any that is interrupted before the commit. `mode` is
+    // read, never written.
+    unsafe {
+        asm!(
+            "lea {tmp}, [rip + 3f]",
+            "mov qword ptr fs:[{off} + {cs}], {tmp}",
+            "4:",
+            "mov {tmp:e}, dword ptr fs:[{off} + {cpu_id}]",
+            "cmp {tmp:e}, {ncpu:e}",
+            "jae 7f",
+            "mov {res:e}, dword ptr [{mode}]",
+            "test {res:e}, {atomic}",
+            "jnz 5f",
+            "shl {tmp}, {shift}",
+            "add qword ptr [{slot} + {tmp}], {delta}",
+            "5:",
+            ".pushsection __rseq_cs, \"aw\"",
+            ".balign 32",
+            "3:",
+            ".long 0, 0",
+            ".quad 4b, 5b - 4b, 6f",
+            ".popsection",
+            ".pushsection .text.unlikely.percpu_ref_rseq_abort, \"ax\"",
+            "7:",
+            "mov {res:e}, {out_of_arena}",
+            "test {tmp:e}, {tmp:e}",
+            "jns 5b",
+            "mov {res:e}, {unregistered}",
+            "jmp 5b",
+            ".byte 0x0f, 0xb9, 0x3d",
+            ".long 0x53053053",
+            "6:",
+            "mov {res:e}, {aborted}",
+            "jmp 5b",
+            ".popsection",
+            off = in(reg) rseq_abi::rseq_offset(),
+            mode = in(reg) mode.as_ptr(),
+            slot = in(reg) base,
+            delta = in(reg) delta,
+            ncpu = in(reg) ncpu,
+            tmp = out(reg) _,
+            res = out(reg) result,
+            cs = const RSEQ_CS_OFFSET,
+            cpu_id = const CPU_ID_OFFSET,
+            shift = const REGION_SHIFT,
+            atomic = const super::MODE_ATOMIC as u32,
+            unregistered = const UNREGISTERED,
+            out_of_arena = const OUT_OF_ARENA,
+            aborted = const ABORTED,
+            options(nostack),
+        );
+    }
+    result
 }
 
 #[cfg(test)]
@@ -280,7 +301,7 @@ mod tests {
             for _ in 0..10_000 {
                 let r = section_once(&c, &percpu, 1, 1);
                 assert_eq!(r, OUT_OF_ARENA, "CPU 1 counted past a 1-CPU bound");
-                assert!(!c.try_add_slow(&percpu, 1, 1, r));
+                assert!(!try_add_slow(c.base(), &percpu, 1, 1, r));
             }
             for cpu in 0..arena::arena_cpus() {
                 assert_eq!(c.slot.load(cpu), 0, "region of CPU {cpu} was written");

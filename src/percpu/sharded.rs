@@ -42,7 +42,7 @@
 //!   long run pushed to the edge just sends its thread to the atomic path.
 
 use super::cpus::possible_cpus;
-use crate::sync::{AtomicU64, AtomicUsize, Ordering};
+use crate::sync::{AtomicU64, Ordering};
 use crossbeam_utils::CachePadded;
 
 /// The value a sealed shard holds (plus the drift of late adds).
@@ -85,36 +85,15 @@ impl Shards {
         }
     }
 
+    /// This thread's shard.
     #[inline(always)]
-    fn shard(&self) -> &AtomicU64 {
+    pub(crate) fn shard(&self) -> &AtomicU64 {
         &self.shards[thread_index() & self.mask]
     }
 
-    /// `delta` is below 2^16 in magnitude (see the module docs); the mode
-    /// word is not read: a sealed shard says "atomic" by itself.
-    #[inline(always)]
-    pub(crate) fn try_add(&self, _mode: &AtomicUsize, delta: u64) -> bool {
-        let shard = self.shard();
-        if !has_room(shard.load(Ordering::Relaxed)) {
-            return false;
-        }
-        // AcqRel: release so the switcher's swap sees everything before a
-        // put; acquire so an op that finds the shard sealed sees the mode
-        // bits (DEAD) the switcher stored before sealing, and one that
-        // counts after a reset sees what preceded the switch back.
-        let old = shard.fetch_add(delta, Ordering::AcqRel);
-        #[cfg(not(any(
-            percpu_ref_mutant = "seal_check_inverted",
-            percpu_ref_mutant = "seal_check_ignored"
-        )))]
-        let counted = !is_sealed(old);
-        // mutant seal_check_inverted: count exactly the adds that did not.
-        #[cfg(percpu_ref_mutant = "seal_check_inverted")]
-        let counted = is_sealed(old);
-        // mutant seal_check_ignored: a late add on a sealed shard "counts".
-        #[cfg(percpu_ref_mutant = "seal_check_ignored")]
-        let counted = old == old;
-        counted
+    #[cfg(test)]
+    fn try_add(&self, _mode: &crate::sync::AtomicUsize, delta: u64) -> bool {
+        try_add_at(self.shard(), delta)
     }
 
     pub(crate) fn seal_and_sum(&self) -> u64 {
@@ -149,6 +128,34 @@ impl Shards {
     pub(crate) fn storage_bytes(&self) -> usize {
         std::mem::size_of_val(&*self.shards)
     }
+}
+
+/// One percpu operation on this thread's `shard`: add `delta` unless the
+/// shard is sealed (or at the edge of its range); true if it counted.
+/// `delta` is below 2^16 in magnitude (see the module docs); the mode word
+/// is not read: a sealed shard says "atomic" by itself.
+#[inline(always)]
+pub(crate) fn try_add_at(shard: &AtomicU64, delta: u64) -> bool {
+    if !has_room(shard.load(Ordering::Relaxed)) {
+        return false;
+    }
+    // AcqRel: release so the switcher's swap sees everything before a
+    // put; acquire so an op that finds the shard sealed sees the mode
+    // bits (DEAD) the switcher stored before sealing, and one that
+    // counts after a reset sees what preceded the switch back.
+    let old = shard.fetch_add(delta, Ordering::AcqRel);
+    #[cfg(not(any(
+        percpu_ref_mutant = "seal_check_inverted",
+        percpu_ref_mutant = "seal_check_ignored"
+    )))]
+    let counted = !is_sealed(old);
+    // mutant seal_check_inverted: count exactly the adds that did not.
+    #[cfg(percpu_ref_mutant = "seal_check_inverted")]
+    let counted = is_sealed(old);
+    // mutant seal_check_ignored: a late add on a sealed shard "counts".
+    #[cfg(percpu_ref_mutant = "seal_check_ignored")]
+    let counted = old == old;
+    counted
 }
 
 /// A small per-thread number used to pick a shard.
@@ -187,6 +194,7 @@ pub(super) fn thread_index() -> usize {
 mod tests {
     use super::*;
     use crate::percpu::MODE_ATOMIC;
+    use crate::sync::AtomicUsize;
 
     #[test]
     fn sealed_classification() {
