@@ -131,18 +131,17 @@
 //! ran the step (see [`Subsys`], *Panics in callbacks*). [`Pages::charge`]
 //! reserves room for the pages before it takes their references.
 //!
-//! # Limits
+//! # Puts that race with a free
 //!
-//! A put that is *not* the last one still holds the `PercpuRef`'s `&self`
-//! for a few instructions after its decrement. If, in that window, another
+//! A put that is *not* the last one can still be running when another
 //! thread puts the last reference and the css is freed (a non-root css a
-//! grace period later, which does not wait for that thread), the free
-//! happens under that borrow: no memory is accessed, but Rust's aliasing
-//! rules forbid it. The kernel closes this window by running every put
-//! inside an RCU read section; here that would cost an epoch pin per put,
-//! on the fast path this crate exists for. Closing it cheaply needs a put
-//! that does not hold `&self` across its decrement (as
-//! `Arc::decrement_strong_count`), in [`PercpuRef`] itself.
+//! grace period later, which does not wait for that thread). The kernel
+//! closes this window by running every put inside an RCU read section;
+//! here that would cost an epoch pin per put, on the fast path this crate
+//! exists for. Instead every css put goes through a `PercpuRef` put that
+//! holds no borrow of the ref across its decrement (as
+//! `Arc::decrement_strong_count`), so the free never happens under a live
+//! borrow.
 //!
 //! # Tasks and charges
 //!
