@@ -385,6 +385,41 @@ fn no_false_underflow(backend: Backend) {
     assert!(r.is_zero());
 }
 
+// ----- 8. is_zero publishes the last put ---------------------------------
+
+/// Model 8: `is_zero` returning true hands over what was done under the
+/// references, as the release does: a worker writes through its reference
+/// and puts it (the last put, after the kill); the owner reads the data
+/// once `is_zero` says so. Catches an `is_zero` (or atomic put) that does
+/// not synchronise: loom reports the read as racing the write (the
+/// ordering audit's weakened `AtomicCount::load`).
+struct Shared(loom::cell::UnsafeCell<u64>);
+// SAFETY (model): accesses are ordered by the protocol under test; loom
+// checks that they are.
+unsafe impl Sync for Shared {}
+
+fn is_zero_sees_the_last_put(backend: Backend) {
+    let p = Probe::new(0);
+    let r = counting_ref(&p, InitFlags::empty(), backend);
+    let data = Arc::new(Shared(loom::cell::UnsafeCell::new(0u64)));
+    r.get();
+    r.kill().unwrap();
+    let w = {
+        let (r, data) = (r.clone(), data.clone());
+        spawn(move || {
+            // SAFETY (model): the owner reads only after the last put.
+            data.0.with_mut(|v| unsafe { *v = 7 });
+            r.put();
+        })
+    };
+    if r.is_zero() {
+        // SAFETY (model): is_zero saw the last put.
+        assert_eq!(data.0.with(|v| unsafe { *v }), 7);
+    }
+    w.join().unwrap();
+    assert_eq!(p.releases(), 1);
+}
+
 // ----- the tests ------------------------------------------------------------
 
 /// One test per backend for a model: `MODEL::sharded` and `MODEL::rseq_model`
@@ -422,4 +457,5 @@ models! {
     kill_reinit_vs_tryget: preemptions 3, backends [sharded, rseq_model];
     late_ops_vs_switch: preemptions 3, backends [sharded, rseq_model];
     no_false_underflow: preemptions 3, backends [sharded, rseq_model];
+    is_zero_sees_the_last_put: preemptions 3, backends [sharded];
 }

@@ -220,11 +220,13 @@ impl AtomicCount {
             let folded = cur.wrapping_add(delta);
             let fold = classify_fold(folded);
             let new = if fold == Fold::Exact { folded } else { BIAS };
-            // AcqRel: the fold is where atomic mode starts counting; a later
-            // put that reaches zero synchronises with the per-CPU history.
+            // ordering-audit: Relaxed: the switcher puts its temporary reference
+            // (an AcqRel `sub`) after the fold, so the put that reaches zero reads
+            // from that release's sequence and sees the per-CPU history the
+            // switcher collected (grace period / the seal's acquire) as well.
             match self
                 .value
-                .compare_exchange_weak(cur, new, Ordering::AcqRel, Ordering::Relaxed)
+                .compare_exchange_weak(cur, new, Ordering::Relaxed, Ordering::Relaxed)
             {
                 Ok(_) => return fold,
                 Err(actual) => cur = actual,
@@ -241,11 +243,13 @@ impl AtomicCount {
             if cur == 0 || cur > TRUE_MAX {
                 return Err(cur);
             }
-            // Release, as `add`: the switch back publishes a revival.
+            // ordering-audit: Relaxed: an RMW continues the release sequence of the
+            // revival's `add` (Release), which is what publishes the reviver's
+            // writes to a tryget that reads this value or a later one.
             match self.value.compare_exchange_weak(
                 cur,
                 cur + BIAS,
-                Ordering::Release,
+                Ordering::Relaxed,
                 Ordering::Relaxed,
             ) {
                 Ok(_) => return Ok(cur),

@@ -402,7 +402,8 @@ impl PercpuRef {
     #[inline(never)]
     fn tryget_live_atomic(&self) -> bool {
         #[cfg(not(percpu_ref_mutant = "tryget_live_no_dead_check"))]
-        let alive = self.mode.load(Ordering::Acquire) & MODE_DEAD == 0;
+        // ordering-audit: Relaxed: seeing DEAD needs nothing else; a tryget_live that goes on acquires through its CAS on the count.
+        let alive = self.mode.load(Ordering::Relaxed) & MODE_DEAD == 0;
         // mutant tryget_live_no_dead_check: behave as tryget.
         #[cfg(percpu_ref_mutant = "tryget_live_no_dead_check")]
         let alive = true;
@@ -466,7 +467,8 @@ impl PercpuRef {
         self.put_locked(&mut deferred, "kill_and_confirm (base reference)");
         // mutant dead_after_confirm: mark dead only once confirm has run.
         #[cfg(not(percpu_ref_mutant = "dead_after_confirm"))]
-        self.mode.store(mode | MODE_DEAD, Ordering::Release);
+        // ordering-audit: Relaxed: DEAD publishes nothing. A tryget_live ordered after the kill sees it by coherence; one racing the kill may succeed either way, as in the kernel.
+        self.mode.store(mode | MODE_DEAD, Ordering::Relaxed);
         let switch = self.switch_to_atomic_locked(&mut g, confirm, mode, "kill_and_confirm")?;
         #[cfg(percpu_ref_mutant = "dead_after_confirm")]
         self.mode.store(self.mode() | MODE_DEAD, Ordering::Release);
@@ -660,7 +662,8 @@ impl PercpuRef {
         if let Err(AddOutcome::Overflow { count }) = self.count.add(1) {
             overflow(op, 1, count);
         }
-        self.mode.store(self.mode() & !MODE_DEAD, Ordering::Release);
+        // ordering-audit: Relaxed: the count's add above (Release) publishes the revival; a tryget_live that then takes a reference acquires it in its CAS on the count.
+        self.mode.store(self.mode() & !MODE_DEAD, Ordering::Relaxed);
         if !g.state.force_atomic {
             self.switch_to_percpu_locked(op)?;
         }
@@ -672,17 +675,20 @@ impl PercpuRef {
     /// True when the ref is in atomic mode with a count of zero (released,
     /// or made with `INIT_DEAD`). Always false in percpu mode.
     pub fn is_zero(&self) -> bool {
-        self.mode.load(Ordering::Acquire) & MODE_ATOMIC != 0 && self.count.load() == 0
+        // ordering-audit: Relaxed here: the count's acquire load is what hands over the last put's accesses (model 8).
+        self.mode.load(Ordering::Relaxed) & MODE_ATOMIC != 0 && self.count.load() == 0
     }
 
     /// True once the ref was killed (until revived).
     pub fn is_dying(&self) -> bool {
-        self.mode.load(Ordering::Acquire) & MODE_DEAD != 0
+        // ordering-audit: Relaxed: a snapshot; DEAD publishes nothing (the kernel reads it plainly).
+        self.mode.load(Ordering::Relaxed) & MODE_DEAD != 0
     }
 
     /// True while get/put count per CPU.
     pub fn is_percpu(&self) -> bool {
-        self.mode.load(Ordering::Acquire) & MODE_ATOMIC == 0
+        // ordering-audit: Relaxed: a snapshot; the mode publishes nothing a caller could rely on here.
+        self.mode.load(Ordering::Relaxed) & MODE_ATOMIC == 0
     }
 
     /// The count in atomic mode, `None` in percpu mode, while a switch to
@@ -750,14 +756,16 @@ impl PercpuRef {
                 confirm_panic: self.run_confirm(confirm),
             });
         }
-        self.mode.store(mode | MODE_ATOMIC, Ordering::Release);
+        // ordering-audit: Relaxed: an op that sees ATOMIC goes to the atomic counter, whose RMWs read its latest value whatever this store's order; per-CPU adds made before it reach the fold through the grace period, not through this store.
+        self.mode.store(mode | MODE_ATOMIC, Ordering::Relaxed);
         self.count.add_temp_ref();
         let sum = match self.counters.seal_and_sum() {
             Ok(sum) => sum,
             Err(e) => {
                 // Nothing was summed: percpu adds made meanwhile are still in
                 // their counters, atomic ones in the biased counter.
-                self.mode.store(undo_mode, Ordering::Release);
+                // ordering-audit: Relaxed: restores the word under the switch lock; the failed switch published nothing.
+                self.mode.store(undo_mode, Ordering::Relaxed);
                 let _ = self.count.sub(1);
                 return Err(Error::GracePeriodFailed {
                     op,
@@ -872,7 +880,8 @@ impl PercpuRef {
 
 impl fmt::Debug for PercpuRef {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let mode = self.mode.load(Ordering::Acquire);
+        // ordering-audit: Relaxed: printed, never acted on.
+        let mode = self.mode.load(Ordering::Relaxed);
         f.debug_struct("PercpuRef")
             .field(
                 "mode",

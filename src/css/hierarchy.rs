@@ -253,7 +253,8 @@ impl CgroupNode {
     pub(crate) fn clear_root_slot(&self, ssid: usize) {
         debug_assert!(self.parent.is_none());
         let _g = sync::lock(&self.root_slots);
-        self.subsys[ssid].store(std::ptr::null_mut(), Ordering::Release);
+        // ordering-audit: Relaxed: written and read under root_slots, and a null publishes nothing.
+        self.subsys[ssid].store(std::ptr::null_mut(), Ordering::Relaxed);
     }
 }
 
@@ -298,12 +299,14 @@ impl Cgroup {
 
     /// False once `rmdir` removed it.
     pub fn is_online(&self) -> bool {
-        self.node.online.load(Ordering::Acquire)
+        // ordering-audit: Relaxed: a snapshot of a flag changed under cgroup_mutex; it publishes nothing.
+        self.node.online.load(Ordering::Relaxed)
     }
 
     /// Tasks attached to this cgroup.
     pub fn nr_tasks(&self) -> usize {
-        self.node.nr_tasks.load(Ordering::Acquire)
+        // ordering-audit: Relaxed: a statistic; no memory is handed over through it.
+        self.node.nr_tasks.load(Ordering::Relaxed)
     }
 
     /// The cgroup's online css for subsystem `ssid`, with a reference
@@ -314,7 +317,8 @@ impl Cgroup {
         let slot = self.node.subsys.get(ssid)?;
         if self.node.parent.is_none() {
             let _g = sync::lock(&self.node.root_slots);
-            let p = slot.load(Ordering::Acquire);
+            // ordering-audit: Relaxed: the root's slot is set before any handle exists and cleared under root_slots, which we hold.
+            let p = slot.load(Ordering::Relaxed);
             // SAFETY: a root css's slot is cleared under this lock before
             // the hierarchy drops its base reference (`kill_root_css`), so
             // a css found here holds that reference until we unlock.
@@ -322,6 +326,7 @@ impl Cgroup {
             return css.tryget_online();
         }
         let _rcu = rcu::read_lock();
+        // ordering-audit: kept (rcu_dereference): pairs with the Release store in `online_css`.
         let p = slot.load(Ordering::Acquire);
         // SAFETY: the slot is cleared at offline, before release, and a css
         // is freed only a grace period after release; we are inside a read
@@ -561,14 +566,16 @@ impl Inner {
 
     /// `queue_rcu_work`: queue `w` after a grace period.
     pub(crate) fn queue_rcu_work(self: &Arc<Self>, w: Work) {
-        self.rcu_pending.fetch_add(1, Ordering::AcqRel);
+        // ordering-audit: Relaxed: made under cgroup_mutex, which `flush_inner` holds when it reads the count.
+        self.rcu_pending.fetch_add(1, Ordering::Relaxed);
         #[cfg(not(loom))]
         {
             let inner = self.clone();
             rcu::call_rcu(move || {
                 let mut panics = CallbackPanics::default();
                 inner.queue_work(w, &mut panics);
-                inner.rcu_pending.fetch_sub(1, Ordering::AcqRel);
+                // ordering-audit: Relaxed: `queue_work` handed the work over under destroy_wq's mutex first; see `flush_inner`'s load.
+                inner.rcu_pending.fetch_sub(1, Ordering::Relaxed);
                 // Run inside whatever pinned this thread: no caller to
                 // resume it in.
                 if let Some(p) = panics.take() {
@@ -598,7 +605,8 @@ impl Inner {
     }
 
     pub(crate) fn css_freed(&self) {
-        self.nr_css.fetch_sub(1, Ordering::AcqRel);
+        // ordering-audit: Relaxed: a statistic; no memory is handed over through it.
+        self.nr_css.fetch_sub(1, Ordering::Relaxed);
     }
 
     fn check(&self, op: &'static str, cg: &Cgroup) -> Result<(), CgroupError> {
@@ -621,7 +629,8 @@ impl Inner {
     ) -> Result<CssPtr, CgroupError> {
         let subsys = &self.subsys[ssid];
         let parent_node = node.parent.as_ref().expect("css_create: not for the root");
-        let parent = CssPtr::from_raw(parent_node.subsys[ssid].load(Ordering::Acquire))
+        // ordering-audit: Relaxed: the parent's slot is written under cgroup_mutex, which we hold.
+        let parent = CssPtr::from_raw(parent_node.subsys[ssid].load(Ordering::Relaxed))
             .expect("css_create: an online parent cgroup has an online css");
         let id = self.idrs[ssid]
             .alloc(2)
@@ -637,7 +646,8 @@ impl Inner {
             hier: Some(self.clone()),
             atomic_refcnt: self.opts.refcnt == RefcntMode::Atomic,
         });
-        self.nr_css.fetch_add(1, Ordering::AcqRel);
+        // ordering-audit: Relaxed: a statistic; no memory is handed over through it.
+        self.nr_css.fetch_add(1, Ordering::Relaxed);
         // SAFETY: we own the new css; nobody else can reach it yet.
         let css = unsafe { p.get() };
         let refused = |callback, reason| CgroupError::SubsysRefused {
@@ -651,7 +661,8 @@ impl Inner {
             .unwrap_or_else(|| Err(String::from("css_alloc panicked")));
         if let Err(reason) = alloc {
             self.idrs[ssid].remove(id);
-            self.nr_css.fetch_sub(1, Ordering::AcqRel);
+            // ordering-audit: Relaxed: a statistic; no memory is handed over through it.
+            self.nr_css.fetch_sub(1, Ordering::Relaxed);
             // SAFETY: never published nor linked.
             unsafe { Css::dealloc(p) };
             return Err(refused("css_alloc", reason));
@@ -680,7 +691,8 @@ impl Drop for Inner {
         // offline it and drop the hierarchy's base reference. It is
         // released when the last task, page or `CssRef` on it goes (maybe
         // now), and freed a grace period later.
-        self.root.online.store(false, Ordering::Release);
+        // ordering-audit: Relaxed: a status flag; the last handle is gone, so nobody reads it concurrently.
+        self.root.online.store(false, Ordering::Relaxed);
         let mut panics = CallbackPanics::default();
         for &p in &self.root_css {
             kill_root_css(p, &mut panics);
@@ -859,9 +871,11 @@ impl Hierarchy {
             for ssid in 0..inner.subsys.len() {
                 if let Err(e) = inner.css_create(&node, ssid, &mut g.panics) {
                     // Undo as the kernel does: destroy what was made.
-                    node.online.store(false, Ordering::Release);
+                    // ordering-audit: Relaxed: a status flag; readers learn nothing else from it (`is_online`).
+                    node.online.store(false, Ordering::Relaxed);
                     for made in 0..ssid {
-                        let p = node.subsys[made].load(Ordering::Acquire);
+                        // ordering-audit: Relaxed: the slot is written under cgroup_mutex, which we hold.
+                        let p = node.subsys[made].load(Ordering::Relaxed);
                         kill_css(CssPtr::from_raw(p).expect("a made css is online"));
                     }
                     return Err(e);
@@ -912,10 +926,12 @@ impl Hierarchy {
                     reason: BusyReason::HasChildren(children),
                 });
             }
-            cg.node.online.store(false, Ordering::Release);
+            // ordering-audit: Relaxed: a status flag; readers learn nothing else from it (`is_online`).
+            cg.node.online.store(false, Ordering::Relaxed);
             sync::lock(&parent.children).remove(cg.name());
             for slot in cg.node.subsys.iter() {
-                let p = CssPtr::from_raw(slot.load(Ordering::Acquire))
+                // ordering-audit: Relaxed: the slot is written under cgroup_mutex, which we hold.
+                let p = CssPtr::from_raw(slot.load(Ordering::Relaxed))
                     .expect("rmdir: an online cgroup has an online css per subsystem");
                 kill_css(p);
             }
@@ -980,7 +996,8 @@ impl Hierarchy {
         inner.check("spawn", cg)?;
         inner.locked("spawn", |_| {
             let set = self.css_set_locked("spawn", cg)?;
-            cg.node.nr_tasks.fetch_add(1, Ordering::AcqRel);
+            // ordering-audit: Relaxed: a statistic; no memory is handed over through it.
+            cg.node.nr_tasks.fetch_add(1, Ordering::Relaxed);
             Ok(super::Task::new(inner.hid, set))
         })
     }
@@ -1004,11 +1021,13 @@ impl Hierarchy {
         }
         let old = inner.locked("attach", |_| {
             let set = self.css_set_locked("attach", cg)?;
-            cg.node.nr_tasks.fetch_add(1, Ordering::AcqRel);
+            // ordering-audit: Relaxed: a statistic; no memory is handed over through it.
+            cg.node.nr_tasks.fetch_add(1, Ordering::Relaxed);
             let old = task.swap_css_set(set);
+            // ordering-audit: Relaxed: a statistic; no memory is handed over through it.
             old.cgroup()
                 .nr_tasks_counter()
-                .fetch_sub(1, Ordering::AcqRel);
+                .fetch_sub(1, Ordering::Relaxed);
             Ok(old)
         })?;
         drop(old); // puts the old csses, outside the mutex
@@ -1031,7 +1050,8 @@ impl Hierarchy {
             .subsys
             .iter()
             .map(|slot| {
-                let p = CssPtr::from_raw(slot.load(Ordering::Acquire))
+                // ordering-audit: Relaxed: the slot is written under cgroup_mutex, which we hold.
+                let p = CssPtr::from_raw(slot.load(Ordering::Relaxed))
                     .expect("an online cgroup has an online css per subsystem");
                 // SAFETY: online under cgroup_mutex: the base reference is held.
                 unsafe { p.get() }.get()
@@ -1083,8 +1103,9 @@ impl Hierarchy {
             self.inner.drain_locked(&mut g.panics);
             // Checked under the mutex, so no work is running elsewhere; grace
             // period work counts as pending until it was queued.
+            // ordering-audit: Relaxed: a 0 read here comes from a decrement made after its work was pushed under destroy_wq's mutex, so `queue_is_empty` (which takes that mutex next) sees the work: had our lock come first, this load would read a write that happens after it. Increments are made under cgroup_mutex, which we hold.
             let done =
-                self.inner.rcu_pending.load(Ordering::Acquire) == 0 && self.inner.queue_is_empty();
+                self.inner.rcu_pending.load(Ordering::Relaxed) == 0 && self.inner.queue_is_empty();
             caught.merge(g.unlock());
             drop(g);
             if done {
@@ -1095,7 +1116,8 @@ impl Hierarchy {
                 let due: Vec<Work> = std::mem::take(&mut *sync::lock(&self.inner.rcu_list));
                 for w in due {
                     sync::lock(&self.inner.destroy_wq).push_back(w);
-                    self.inner.rcu_pending.fetch_sub(1, Ordering::AcqRel);
+                    // ordering-audit: Relaxed: the work was handed over through destroy_wq's mutex before this decrement; see `flush_inner`'s load.
+                    self.inner.rcu_pending.fetch_sub(1, Ordering::Relaxed);
                 }
             }
             #[cfg(not(loom))]
@@ -1112,7 +1134,8 @@ impl Hierarchy {
 
     /// Non-root csses allocated and not yet freed.
     pub fn nr_css(&self) -> usize {
-        self.inner.nr_css.load(Ordering::Acquire)
+        // ordering-audit: Relaxed: a statistic; no memory is handed over through it.
+        self.inner.nr_css.load(Ordering::Relaxed)
     }
 
     /// Css ids in use in subsystem `ssid` (the root's included).

@@ -84,13 +84,15 @@ impl Idr {
 
     /// Makes `css` visible to lookups under `id`.
     pub(crate) fn publish(&self, id: u32, css: *mut Css) {
+        // ordering-audit: kept (rcu_assign_pointer): publishes the css to `css_from_id`, which may race mkdir; loom cannot see it: the css's fields are plain memory, not loom cells.
         self.slots[id as usize].store(css, Ordering::Release);
     }
 
     /// Hides the css under `id` from new lookups (`idr_replace(NULL)`); the
     /// id stays reserved.
     pub(crate) fn unpublish(&self, id: u32) {
-        self.slots[id as usize].store(ptr::null_mut(), Ordering::Release);
+        // ordering-audit: Relaxed: a null publishes nothing; readers that loaded the old pointer are covered by RCU.
+        self.slots[id as usize].store(ptr::null_mut(), Ordering::Relaxed);
     }
 
     /// Frees `id` for reuse (`idr_remove`).
@@ -100,13 +102,15 @@ impl Idr {
         assert!(*slot, "css idr: removing id {id}, which is not allocated");
         *slot = false;
         a.in_use -= 1;
-        self.slots[id as usize].store(ptr::null_mut(), Ordering::Release);
+        // ordering-audit: Relaxed: a null publishes nothing.
+        self.slots[id as usize].store(ptr::null_mut(), Ordering::Relaxed);
     }
 
     /// The css published under `id`, or null. The caller must be inside an
     /// RCU read section to dereference the result.
     pub(crate) fn find(&self, id: u32) -> *mut Css {
         match self.slots.get(id as usize) {
+            // ordering-audit: kept (rcu_dereference): pairs with `publish`.
             Some(slot) => slot.load(Ordering::Acquire),
             None => ptr::null_mut(),
         }

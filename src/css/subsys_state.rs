@@ -295,7 +295,8 @@ impl Css {
 
     /// The lifecycle state.
     pub fn state(&self) -> CssState {
-        let f = self.flags.load(Ordering::Acquire);
+        // ordering-audit: Relaxed: a snapshot of a value changed under cgroup_mutex; it publishes nothing (the kernel reads it plainly).
+        let f = self.flags.load(Ordering::Relaxed);
         if f & CSS_RELEASED != 0 {
             CssState::Released
         } else if f & CSS_OFFLINED != 0 {
@@ -311,12 +312,14 @@ impl Css {
 
     /// Whether the css is online (`css_is_online`-like).
     pub fn is_online(&self) -> bool {
-        self.flags.load(Ordering::Acquire) & CSS_ONLINE != 0
+        // ordering-audit: Relaxed: a snapshot of a value changed under cgroup_mutex; it publishes nothing (the kernel reads it plainly).
+        self.flags.load(Ordering::Relaxed) & CSS_ONLINE != 0
     }
 
     /// Whether `rmdir` killed the css (`css_is_dying`).
     pub fn is_dying(&self) -> bool {
-        self.flags.load(Ordering::Acquire) & CSS_DYING != 0
+        // ordering-audit: Relaxed: a snapshot of a value changed under cgroup_mutex; it publishes nothing (the kernel reads it plainly).
+        self.flags.load(Ordering::Relaxed) & CSS_DYING != 0
     }
 
     /// Whether the refcount is still counting per CPU (until the kill).
@@ -332,11 +335,13 @@ impl Css {
     }
 
     pub(crate) fn set_flags(&self, f: usize) {
-        self.flags.fetch_or(f, Ordering::AcqRel);
+        // ordering-audit: Relaxed: flags change under cgroup_mutex (or, for a root css, on its last thread); they are status and publish nothing.
+        self.flags.fetch_or(f, Ordering::Relaxed);
     }
 
     fn clear_flags(&self, f: usize) {
-        self.flags.fetch_and(!f, Ordering::AcqRel);
+        // ordering-audit: Relaxed: flags change under cgroup_mutex (or, for a root css, on its last thread); they are status and publish nothing.
+        self.flags.fetch_and(!f, Ordering::Relaxed);
     }
 }
 
@@ -649,10 +654,13 @@ pub(crate) fn online_css(css: &Css, panics: &mut CallbackPanics) -> Result<(), S
         .call(|| css.subsys.css_online(css))
         .unwrap_or_else(|| Err(String::from("css_online panicked")))?;
     css.set_flags(CSS_ONLINE);
+    // ordering-audit: kept (rcu_assign_pointer): publishes the css's fields to `Cgroup::css` readers. No model races them: a cgroup's handle escapes mkdir only after this store.
     css.cgroup.subsys[css.ssid].store(css.ptr().as_ptr(), Ordering::Release);
-    css.online_cnt.fetch_add(1, Ordering::AcqRel);
+    // ordering-audit: Relaxed: changed only under cgroup_mutex, which orders it; it publishes nothing.
+    css.online_cnt.fetch_add(1, Ordering::Relaxed);
     if let Some(parent) = css.parent() {
-        parent.online_cnt.fetch_add(1, Ordering::AcqRel);
+        // ordering-audit: Relaxed: changed only under cgroup_mutex, which orders it; it publishes nothing.
+        parent.online_cnt.fetch_add(1, Ordering::Relaxed);
     }
     Ok(())
 }
@@ -687,7 +695,8 @@ pub(crate) fn kill_css(p: CssPtr) {
 fn css_killed_ref_fn(p: CssPtr) {
     // SAFETY: the kill holds the base and the extra reference.
     let css = unsafe { p.get() };
-    let last = css.online_cnt.fetch_sub(1, Ordering::AcqRel) == 1;
+    // ordering-audit: Relaxed: changed only under cgroup_mutex, which orders it; it publishes nothing.
+    let last = css.online_cnt.fetch_sub(1, Ordering::Relaxed) == 1;
     // mutant css_no_online_cnt: offline at once, whatever the children.
     if last || cfg!(percpu_ref_mutant = "css_no_online_cnt") {
         // This thread holds cgroup_mutex (only `rmdir` and `mkdir`'s undo
@@ -718,7 +727,8 @@ fn css_killed_work_fn(mut p: CssPtr, panics: &mut CallbackPanics) {
         // SAFETY: the child we just offlined pins its parent until it is
         // freed, and frees run under cgroup_mutex, which we hold.
         let parent_css = unsafe { pp.get() };
-        if parent_css.online_cnt.fetch_sub(1, Ordering::AcqRel) != 1 {
+        // ordering-audit: Relaxed: changed only under cgroup_mutex, which orders it; it publishes nothing.
+        if parent_css.online_cnt.fetch_sub(1, Ordering::Relaxed) != 1 {
             return;
         }
         p = pp;
@@ -734,10 +744,11 @@ fn offline_css(css: &Css, panics: &mut CallbackPanics) {
     panics.call(|| css.subsys.css_offline(css));
     css.clear_flags(CSS_ONLINE);
     css.set_flags(CSS_OFFLINED);
+    // ordering-audit: Relaxed: a null publishes nothing; readers that loaded the old pointer are covered by RCU (the free waits a grace period).
     let _ = css.cgroup.subsys[css.ssid].compare_exchange(
         css.ptr().as_ptr(),
         std::ptr::null_mut(),
-        Ordering::AcqRel,
+        Ordering::Relaxed,
         Ordering::Relaxed,
     );
 }

@@ -95,11 +95,16 @@ const YES: u8 = 2;
 /// detect (idempotent: lookups, and a membarrier registration the kernel
 /// accepts again) and the first answer stored is everyone's.
 pub(crate) fn available() -> bool {
+    // ordering-audit: kept: acquires the offset a YES publishes. Not built
+    // under loom (src/percpu/model.rs models the backend, not its
+    // detection); tests/rseq_* run it, on x86, where no order is weaker.
     match AVAILABLE.load(Ordering::Acquire) {
         UNKNOWN => {
             let mine = if detect() { YES } else { NO };
-            // Release: a YES publishes the rseq offset that detect stored.
-            match AVAILABLE.compare_exchange(UNKNOWN, mine, Ordering::AcqRel, Ordering::Acquire) {
+            // ordering-audit: kept: a YES publishes the rseq offset that
+            // detect stored (Release); a lost race acquires the winner's
+            // (Acquire on failure). Not built under loom, as above.
+            match AVAILABLE.compare_exchange(UNKNOWN, mine, Ordering::Release, Ordering::Acquire) {
                 Ok(_) => mine == YES,
                 Err(first) => first == YES,
             }
@@ -252,8 +257,10 @@ pub unsafe fn force_fake_area_for_instruction_counting() {
     FAST_PATH.rseq_offset.store(offset, Ordering::Relaxed);
     FORCED.store(true, Ordering::Relaxed);
     assert!(
+        // ordering-audit: kept: publishes the offset (Release); instruction
+        // counting only, never under loom.
         AVAILABLE
-            .compare_exchange(UNKNOWN, YES, Ordering::AcqRel, Ordering::Relaxed)
+            .compare_exchange(UNKNOWN, YES, Ordering::Release, Ordering::Relaxed)
             .is_ok(),
         "force_fake_area_for_instruction_counting: the backend was already chosen"
     );

@@ -98,8 +98,12 @@ impl Shards {
 
     pub(crate) fn seal_and_sum(&self) -> u64 {
         self.shards.iter().fold(0u64, |sum, s| {
+            // ordering-audit: Acquire: the seal collects what per-CPU ops did
+            // before their (releasing) adds. Nothing of the switcher's must reach
+            // an op that finds the shard sealed: it goes to the atomic counter,
+            // whose RMWs read its latest value, and DEAD is a snapshot.
             #[cfg(not(percpu_ref_mutant = "no_grace_period"))]
-            let v = s.swap(SEALED, Ordering::AcqRel);
+            let v = s.swap(SEALED, Ordering::Acquire);
             // mutant no_grace_period: read, then seal; an add in between is lost.
             #[cfg(percpu_ref_mutant = "no_grace_period")]
             let v = {
@@ -140,9 +144,8 @@ pub(crate) fn try_add_at(shard: &AtomicU64, delta: u64) -> bool {
         return false;
     }
     // AcqRel: release so the switcher's swap sees everything before a
-    // put; acquire so an op that finds the shard sealed sees the mode
-    // bits (DEAD) the switcher stored before sealing, and one that
-    // counts after a reset sees what preceded the switch back.
+    // put; acquire so an op that counts after a reset (a Release swap)
+    // sees what preceded the switch back (a revival's writes).
     let old = shard.fetch_add(delta, Ordering::AcqRel);
     #[cfg(not(any(
         percpu_ref_mutant = "seal_check_inverted",
