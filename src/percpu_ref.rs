@@ -465,8 +465,11 @@ impl PercpuRef {
         #[cfg(percpu_ref_mutant = "base_put_first")]
         self.put_locked(&mut deferred, "kill_and_confirm (base reference)");
         // mutant dead_after_confirm: mark dead only once confirm has run.
+        // mutant kill_atomic_skips_dead: kill an already-atomic ref without DEAD.
         #[cfg(not(percpu_ref_mutant = "dead_after_confirm"))]
-        self.mode.store(mode | MODE_DEAD, Ordering::Release);
+        if mode & MODE_ATOMIC == 0 || cfg!(not(percpu_ref_mutant = "kill_atomic_skips_dead")) {
+            self.mode.store(mode | MODE_DEAD, Ordering::Release);
+        }
         let switch = self.switch_to_atomic_locked(&mut g, confirm, mode, "kill_and_confirm")?;
         #[cfg(percpu_ref_mutant = "dead_after_confirm")]
         self.mode.store(self.mode() | MODE_DEAD, Ordering::Release);
@@ -573,7 +576,8 @@ impl PercpuRef {
                 op: "switch_to_percpu",
             });
         }
-        if mode & MODE_DEAD == 0 {
+        // mutant percpu_switch_ignores_dead: a dead ref goes back to percpu mode.
+        if mode & MODE_DEAD == 0 || cfg!(percpu_ref_mutant = "percpu_switch_ignores_dead") {
             self.switch_to_percpu_locked("switch_to_percpu")?;
         }
         g.state.force_atomic = false;
@@ -850,6 +854,7 @@ impl PercpuRef {
         if mode & MODE_ATOMIC == 0 {
             return Ok(());
         }
+        #[cfg(not(percpu_ref_mutant = "bias_after_mode_store"))]
         match self.count.add_bias_unless_zero() {
             Ok(_) => {}
             Err(0) => return Err(Error::Released { op }),
@@ -866,6 +871,13 @@ impl PercpuRef {
         // mutant reset_after_mode_store: zero the counters after going percpu.
         #[cfg(percpu_ref_mutant = "reset_after_mode_store")]
         self.counters.reset();
+        // mutant bias_after_mode_store: add the bias once percpu counting has resumed.
+        #[cfg(percpu_ref_mutant = "bias_after_mode_store")]
+        match self.count.add_bias_unless_zero() {
+            Ok(_) => {}
+            Err(0) => return Err(Error::Released { op }),
+            Err(count) => return Err(Error::Miscounted { op, count }),
+        }
         Ok(())
     }
 }
