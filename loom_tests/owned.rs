@@ -10,6 +10,7 @@
 #![cfg(loom)]
 
 use loom::cell::UnsafeCell;
+use loom::sync::atomic::{AtomicUsize as LoomAtomicUsize, Ordering as LoomOrdering};
 use loom::thread;
 use percpu_ref::owned::Owner;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -65,6 +66,17 @@ impl Drop for Checked {
 
 fn drops(d: &AtomicUsize) -> usize {
     d.load(Ordering::SeqCst)
+}
+
+/// `loom::model` with a preemption bound (default `preemptions`, or
+/// `LOOM_MAX_PREEMPTIONS` when set), for the models whose unbounded
+/// search takes too long.
+fn check(preemptions: usize, f: impl Fn() + Sync + Send + 'static) {
+    let mut builder = loom::model::Builder::new();
+    if builder.preemption_bound.is_none() {
+        builder.preemption_bound = Some(preemptions);
+    }
+    builder.check(f);
 }
 
 /// The last `Ref` is dropped on another thread while the owner kills and
@@ -199,6 +211,96 @@ fn try_freeze_races_last_ref_drop() {
         let x = owner.read();
         assert!(x == 21 || x == 22, "saw {x}");
         assert_eq!(drops(&d), 0);
+        drop(owner);
+        assert_eq!(drops(&d), 1);
+    });
+}
+
+/// `Weak::tryget_live` on another thread after `Owner::kill` has returned
+/// (seen through a release/acquire flag) fails, even while a `Ref` keeps
+/// the killed object referenced; one that ran before the kill holds a
+/// reference to an intact, undropped `T`, and the waiter gets `T` back only
+/// after it is dropped. The `Weak` is dropped on that thread, racing the
+/// waiter's free of the block. Catches `owned_tryget_live_as_tryget` (a
+/// killed object still referenced hands out new references) and, with the
+/// block's loom-visible free, `owned_unit_put_release_only`.
+#[test]
+fn tryget_live_after_kill_returned() {
+    check(3, || {
+        let (v, d) = Checked::new(40);
+        let owner = Owner::new(v);
+        let weak = owner.downgrade();
+        let r = owner.get(); // keeps the killed object referenced
+        let killed_flag = loom::sync::Arc::new(LoomAtomicUsize::new(0));
+        let t = {
+            let killed_flag = killed_flag.clone();
+            let d = d.clone();
+            thread::spawn(move || {
+                let killed = killed_flag.load(LoomOrdering::Acquire) == 1;
+                if let Some(x) = weak.tryget_live() {
+                    assert!(!killed, "tryget_live succeeded after kill returned");
+                    assert_eq!(x.read(), 40);
+                    assert_eq!(drops(&d), 0, "a live Ref to a dropped T");
+                }
+                drop(weak);
+            })
+        };
+        let killed = owner.kill();
+        killed_flag.store(1, LoomOrdering::Release);
+        drop(r);
+        let value = killed.wait();
+        assert_eq!(value.read(), 40);
+        t.join().unwrap();
+        assert_eq!(drops(&d), 0, "release dropped a claimed T");
+        drop(value);
+        assert_eq!(drops(&d), 1);
+    });
+}
+
+/// `Weak::tryget_live` on another thread while the object is frozen (after
+/// `Owner::freeze` has returned and before the guard unfreezes, seen
+/// through a release/acquire phase word) fails, and a `Ref` that thread
+/// held before is gone before the guard writes `T` (loom reports a read
+/// racing the write otherwise). Catches `owned_freeze_no_drain`: no
+/// owned-layer mutant can make a tryget_live succeed while frozen without
+/// also breaking the zero check, since the count is zero then.
+#[test]
+fn tryget_live_while_frozen() {
+    const LIVE: usize = 0;
+    const FROZEN: usize = 1;
+    const UNFROZEN: usize = 2;
+    check(3, || {
+        let (v, d) = Checked::new(50);
+        let mut owner = Owner::new(v);
+        let weak = owner.downgrade();
+        let r = owner.get();
+        let phase = loom::sync::Arc::new(LoomAtomicUsize::new(LIVE));
+        let t = {
+            let phase = phase.clone();
+            thread::spawn(move || {
+                assert_eq!(r.read(), 50);
+                drop(r);
+                let before = phase.load(LoomOrdering::Acquire);
+                let got = weak.tryget_live();
+                let after = phase.load(LoomOrdering::Acquire);
+                if let Some(x) = got {
+                    assert!(
+                        !(before == FROZEN && after == FROZEN),
+                        "tryget_live succeeded while frozen"
+                    );
+                    let x = x.read();
+                    assert!(x == 50 || x == 51, "saw {x}");
+                }
+            })
+        };
+        {
+            let mut f = owner.freeze();
+            phase.store(FROZEN, LoomOrdering::Release);
+            f.bump();
+            phase.store(UNFROZEN, LoomOrdering::Release);
+        }
+        t.join().unwrap();
+        assert_eq!(owner.read(), 51);
         drop(owner);
         assert_eq!(drops(&d), 1);
     });

@@ -385,39 +385,148 @@ fn no_false_underflow(backend: Backend) {
     assert!(r.is_zero());
 }
 
-// ----- 8. is_zero publishes the last put ---------------------------------
+// ----- 8. paths no other model reaches (issue 11) ---------------------------
 
-/// Model 8: `is_zero` returning true hands over what was done under the
-/// references, as the release does: a worker writes through its reference
-/// and puts it (the last put, after the kill); the owner reads the data
-/// once `is_zero` says so. Catches an `is_zero` (or atomic put) that does
-/// not synchronise: loom reports the read as racing the write (the
-/// ordering audit's weakened `AtomicCount::load`).
-struct Shared(loom::cell::UnsafeCell<u64>);
-// SAFETY (model): accesses are ordered by the protocol under test; loom
-// checks that they are.
-unsafe impl Sync for Shared {}
+/// Model 8a: `switch_to_percpu` on a killed ref races `tryget_live` and the
+/// last holder's put (ALLOW_REINIT). A dead ref stays atomic and dead until
+/// it is revived: the switch only clears the sticky flag, every
+/// `tryget_live` fails, and the holder's put releases the ref, once.
+/// Catches `percpu_switch_ignores_dead` (the switch sends the dead ref back
+/// to percpu mode: `tryget_live` counts per CPU and the put never releases).
+fn percpu_switch_vs_tryget_live_on_dead(backend: Backend) {
+    let p = Probe::new(1); // the holder's reference
+    let r = strict_ref(&p, InitFlags::ALLOW_REINIT, backend);
+    r.get(); // the holder's reference
+    r.kill_and_confirm(|_| p.confirm()).unwrap();
+    let switcher = {
+        let r = r.clone();
+        spawn(move || r.switch_to_percpu().unwrap())
+    };
+    let holder = {
+        let (r, p) = (r.clone(), p.clone());
+        spawn(move || p.put(&r))
+    };
+    let live = r.tryget_live();
+    switcher.join().unwrap();
+    holder.join().unwrap();
+    assert!(!live, "tryget_live succeeded on a dead ref");
+    assert!(
+        r.is_dying() && !r.is_percpu(),
+        "a dead ref left atomic mode"
+    );
+    assert_eq!(p.releases(), 1, "release must run exactly once");
+}
 
-fn is_zero_sees_the_last_put(backend: Backend) {
-    let p = Probe::new(0);
-    let r = counting_ref(&p, InitFlags::empty(), backend);
-    let data = Arc::new(Shared(loom::cell::UnsafeCell::new(0u64)));
-    r.get();
-    r.kill().unwrap();
+/// Model 8b: the last references go with one `put_many(2)` while the owner
+/// kills. Whether that put counts per CPU (folded by the kill) or on the
+/// atomic counter, the put that takes the count to zero releases, exactly
+/// once and after confirm. Catches `put_many_zero_check_off` (the atomic
+/// put tests the old value against 1 instead of `n`: a `put_many(2)` that
+/// empties the counter never releases).
+fn put_many_vs_kill(backend: Backend) {
+    let p = Probe::new(2); // the worker's two references
+    let r = strict_ref(&p, InitFlags::empty(), backend);
+    r.get_many(2); // the worker's two references
     let w = {
-        let (r, data) = (r.clone(), data.clone());
+        let (r, p) = (r.clone(), p.clone());
         spawn(move || {
-            // SAFETY (model): the owner reads only after the last put.
-            data.0.with_mut(|v| unsafe { *v = 7 });
-            r.put();
+            p.held.fetch_sub(2, SeqCst);
+            r.put_many(2);
         })
     };
-    if r.is_zero() {
-        // SAFETY (model): is_zero saw the last put.
-        assert_eq!(data.0.with(|v| unsafe { *v }), 7);
-    }
+    r.kill_and_confirm(|_| p.confirm()).unwrap();
     w.join().unwrap();
-    assert_eq!(p.releases(), 1);
+    assert_eq!(p.releases(), 1, "release must run exactly once");
+}
+
+/// Model 8c, d: the kill of a ref that is already atomic (`INIT_ATOMIC`, or
+/// percpu made sticky-atomic by `switch_to_atomic`) races `tryget_live` on
+/// another thread. The kill folds nothing, so `DEAD` is all that stops a
+/// `tryget_live` on the atomic path: once confirm has run (seen through its
+/// flag), none succeeds; one that succeeded holds a counted reference, and
+/// release runs once, after the last put. Catches `kill_atomic_skips_dead`.
+fn tryget_live_vs_kill_already_atomic(backend: Backend, init_atomic: bool) {
+    let p = Probe::new(1); // the owner's extra reference, put at the end
+    let flags = if init_atomic {
+        InitFlags::INIT_ATOMIC
+    } else {
+        InitFlags::ALLOW_REINIT
+    };
+    let r = strict_ref(&p, flags, backend);
+    if !init_atomic {
+        r.switch_to_atomic(); // sticky
+    }
+    r.get(); // keeps the count above zero after the kill
+    let w = {
+        let (r, p) = (r.clone(), p.clone());
+        spawn(move || {
+            let confirmed = p.confirmed.load(SeqCst);
+            if r.tryget_live() {
+                assert!(!confirmed, "tryget_live succeeded after confirm");
+                p.held.fetch_add(1, SeqCst);
+                p.put(&r);
+            }
+        })
+    };
+    r.kill_and_confirm(|_| p.confirm()).unwrap();
+    w.join().unwrap();
+    assert!(!r.tryget_live(), "tryget_live succeeded after the kill");
+    assert_eq!(p.releases(), 0, "released while a reference is held");
+    p.put(&r);
+    assert_eq!(p.releases(), 1, "release must run exactly once");
+}
+
+fn tryget_live_vs_kill_init_atomic(backend: Backend) {
+    tryget_live_vs_kill_already_atomic(backend, true)
+}
+
+fn tryget_live_vs_kill_sticky_atomic(backend: Backend) {
+    tryget_live_vs_kill_already_atomic(backend, false)
+}
+
+/// Model 8e: the switch back to percpu mode races a put by a thread that
+/// may still read the old (atomic) mode and a tryget by one that may read
+/// the new mode. The base reference was put in percpu mode, so the put's
+/// reference is the only one counted in the atomic counter: only the bias,
+/// added *before* percpu counting resumes, keeps an atomic-path put from
+/// taking the counter to zero while the tryget's per-CPU reference is
+/// held. Either the put came first (released in atomic mode: the switch
+/// fails and the ref stays atomic at zero) or the switch did (no release).
+/// Catches `bias_after_mode_store` on both backends: the rseq model's mode
+/// load may return the old mode, as the real section's load can.
+fn percpu_switch_vs_atomic_put_and_tryget(backend: Backend) {
+    let p = Probe::new(1); // the putter's reference
+    let r = counting_ref(&p, InitFlags::ALLOW_REINIT, backend);
+    r.get(); // the putter's reference
+    r.put(); // the base reference, in percpu mode
+    r.switch_to_atomic(); // the count is now exactly the putter's reference
+    let putter = {
+        let (r, p) = (r.clone(), p.clone());
+        spawn(move || p.put(&r))
+    };
+    let tryer = {
+        let (r, p) = (r.clone(), p.clone());
+        spawn(move || {
+            if r.tryget() {
+                p.held.fetch_add(1, SeqCst);
+                p.put(&r);
+            }
+        })
+    };
+    let switched = r.switch_to_percpu();
+    putter.join().unwrap();
+    tryer.join().unwrap();
+    match switched {
+        Ok(()) => {
+            assert!(r.is_percpu());
+            assert_eq!(p.releases(), 0, "released in percpu mode");
+        }
+        Err(Error::Released { .. }) => {
+            assert!(r.is_zero(), "a released ref left atomic mode");
+            assert_eq!(p.releases(), 1, "release must run exactly once");
+        }
+        Err(e) => panic!("unexpected switch_to_percpu error: {e}"),
+    }
 }
 
 // ----- the tests ------------------------------------------------------------
@@ -457,5 +566,9 @@ models! {
     kill_reinit_vs_tryget: preemptions 3, backends [sharded, rseq_model];
     late_ops_vs_switch: preemptions 3, backends [sharded, rseq_model];
     no_false_underflow: preemptions 3, backends [sharded, rseq_model];
-    is_zero_sees_the_last_put: preemptions 3, backends [sharded];
+    percpu_switch_vs_tryget_live_on_dead: preemptions 2, backends [sharded, rseq_model];
+    put_many_vs_kill: preemptions 3, backends [sharded, rseq_model];
+    tryget_live_vs_kill_init_atomic: preemptions 3, backends [sharded];
+    tryget_live_vs_kill_sticky_atomic: preemptions 3, backends [sharded, rseq_model];
+    percpu_switch_vs_atomic_put_and_tryget: preemptions 2, backends [sharded, rseq_model];
 }

@@ -134,7 +134,10 @@ impl AtomicCount {
     }
 
     pub(crate) fn load(&self) -> u64 {
-        self.value.load(Ordering::Acquire)
+        // ordering-audit: Relaxed: every caller reads a snapshot (queries) or
+        // decides under the switch lock and then changes the count by an RMW,
+        // which reads its latest value whatever this load's order.
+        self.value.load(Ordering::Relaxed)
     }
 
     /// Takes a switch's temporary reference. Unchecked: the range leaves
@@ -199,11 +202,17 @@ impl AtomicCount {
             };
             // AcqRel: the put that reaches zero must see every access made
             // under the references put before it (as Arc's drop does).
+            // mutant put_many_zero_check_off: "reached zero" when the old
+            // value was 1, right only for n == 1.
+            #[cfg(not(percpu_ref_mutant = "put_many_zero_check_off"))]
+            let reached_zero = new == 0;
+            #[cfg(percpu_ref_mutant = "put_many_zero_check_off")]
+            let reached_zero = cur == 1;
             match self
                 .value
                 .compare_exchange_weak(cur, new, Ordering::AcqRel, Ordering::Relaxed)
             {
-                Ok(_) if new == 0 => return PutOutcome::ReachedZero,
+                Ok(_) if reached_zero => return PutOutcome::ReachedZero,
                 Ok(_) => return PutOutcome::Alive,
                 Err(actual) => cur = actual,
             }

@@ -193,6 +193,13 @@ struct Inner<T> {
     state: Mutex<State>,
     released_cv: Condvar,
     value: UnsafeCell<ManuallyDrop<T>>,
+    /// Only under loom, which does not see `Box::from_raw`'s deallocation as
+    /// a memory access: every unit holder reads this cell just before it
+    /// gives up its unit, and the thread that frees the block writes it just
+    /// before freeing, so a free not ordered after every holder's last
+    /// access is reported as a race (see [`drop_unit`]).
+    #[cfg(loom)]
+    freed: sync::UnsafeCell<()>,
 }
 
 /// What `release` and the owner side agree on, under `Inner::state`.
@@ -346,9 +353,23 @@ impl<F: FnMut()> Drop for OnDrop<F> {
 /// unit, which it gives up.
 unsafe fn drop_unit<T>(ptr: *const ()) {
     let p = ptr.cast::<Inner<T>>().cast_mut();
+    // The last access made under our unit, as loom sees it.
+    // SAFETY: the caller's unit keeps the block alive for this access.
+    #[cfg(loom)]
+    unsafe { &(*p).freed }.with(|_| ());
+    // mutant owned_unit_put_release_only: the freeing thread acquires nothing.
+    #[cfg(not(percpu_ref_mutant = "owned_unit_put_release_only"))]
+    let order = Ordering::AcqRel;
+    #[cfg(percpu_ref_mutant = "owned_unit_put_release_only")]
+    let order = Ordering::Release;
     // SAFETY: the caller's unit keeps the block alive for this access.
     // AcqRel: the last one must see every access made under other units.
-    if unsafe { (*p).units.fetch_sub(1, Ordering::AcqRel) } == 1 {
+    if unsafe { (*p).units.fetch_sub(1, order) } == 1 {
+        // The free, as loom sees it: a write that must come after every
+        // other holder's read above.
+        // SAFETY: that was the last unit: nobody else can reach the block.
+        #[cfg(loom)]
+        unsafe { &(*p).freed }.with_mut(|_| ());
         // SAFETY: that was the last unit: no handle can reach the block, and
         // `T` is gone (invariant 4), which `ManuallyDrop` leaves alone.
         drop(unsafe { Box::from_raw(p) });
@@ -429,6 +450,8 @@ fn alloc<T>(value: T, backend: Backend) -> Result<NonNull<Inner<T>>, Error> {
             }),
             released_cv: Condvar::new(),
             value: UnsafeCell::new(ManuallyDrop::new(value)),
+            #[cfg(loom)]
+            freed: sync::UnsafeCell::new(()),
         })
     };
     #[cfg(all(test, not(loom)))]
@@ -926,6 +949,11 @@ impl<T> Weak<T> {
     /// ```
     #[inline]
     pub fn tryget_live(&self) -> Option<Ref<T>> {
+        // mutant owned_tryget_live_as_tryget: a killed object still referenced
+        // hands out new references.
+        #[cfg(percpu_ref_mutant = "owned_tryget_live_as_tryget")]
+        return self.tryget();
+        #[cfg(not(percpu_ref_mutant = "owned_tryget_live_as_tryget"))]
         self.inner().pref.tryget_live().then(|| self.make_ref())
     }
 

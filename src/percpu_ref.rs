@@ -466,9 +466,14 @@ impl PercpuRef {
         #[cfg(percpu_ref_mutant = "base_put_first")]
         self.put_locked(&mut deferred, "kill_and_confirm (base reference)");
         // mutant dead_after_confirm: mark dead only once confirm has run.
+        // mutant kill_atomic_skips_dead: kill an already-atomic ref without DEAD.
         #[cfg(not(percpu_ref_mutant = "dead_after_confirm"))]
-        // ordering-audit: Relaxed: DEAD publishes nothing. A tryget_live ordered after the kill sees it by coherence; one racing the kill may succeed either way, as in the kernel.
-        self.mode.store(mode | MODE_DEAD, Ordering::Relaxed);
+        if mode & MODE_ATOMIC == 0 || cfg!(not(percpu_ref_mutant = "kill_atomic_skips_dead")) {
+            // ordering-audit: Relaxed: DEAD publishes nothing. A tryget_live ordered
+            // after the kill sees it by coherence; one racing the kill may succeed
+            // either way, as in the kernel.
+            self.mode.store(mode | MODE_DEAD, Ordering::Relaxed);
+        }
         let switch = self.switch_to_atomic_locked(&mut g, confirm, mode, "kill_and_confirm")?;
         #[cfg(percpu_ref_mutant = "dead_after_confirm")]
         self.mode.store(self.mode() | MODE_DEAD, Ordering::Release);
@@ -575,7 +580,8 @@ impl PercpuRef {
                 op: "switch_to_percpu",
             });
         }
-        if mode & MODE_DEAD == 0 {
+        // mutant percpu_switch_ignores_dead: a dead ref goes back to percpu mode.
+        if mode & MODE_DEAD == 0 || cfg!(percpu_ref_mutant = "percpu_switch_ignores_dead") {
             self.switch_to_percpu_locked("switch_to_percpu")?;
         }
         g.state.force_atomic = false;
@@ -674,8 +680,12 @@ impl PercpuRef {
 
     /// True when the ref is in atomic mode with a count of zero (released,
     /// or made with `INIT_DEAD`). Always false in percpu mode.
+    ///
+    /// A snapshot, as the kernel's `percpu_ref_is_zero` (a plain read): it
+    /// does not synchronise with the last put. Hand data over through the
+    /// `release` callback (which runs after the last put) instead.
     pub fn is_zero(&self) -> bool {
-        // ordering-audit: Relaxed here: the count's acquire load is what hands over the last put's accesses (model 8).
+        // ordering-audit: Relaxed: a snapshot; `count.load` is relaxed too.
         self.mode.load(Ordering::Relaxed) & MODE_ATOMIC != 0 && self.count.load() == 0
     }
 
@@ -858,6 +868,7 @@ impl PercpuRef {
         if mode & MODE_ATOMIC == 0 {
             return Ok(());
         }
+        #[cfg(not(percpu_ref_mutant = "bias_after_mode_store"))]
         match self.count.add_bias_unless_zero() {
             Ok(_) => {}
             Err(0) => return Err(Error::Released { op }),
@@ -874,6 +885,13 @@ impl PercpuRef {
         // mutant reset_after_mode_store: zero the counters after going percpu.
         #[cfg(percpu_ref_mutant = "reset_after_mode_store")]
         self.counters.reset();
+        // mutant bias_after_mode_store: add the bias once percpu counting has resumed.
+        #[cfg(percpu_ref_mutant = "bias_after_mode_store")]
+        match self.count.add_bias_unless_zero() {
+            Ok(_) => {}
+            Err(0) => return Err(Error::Released { op }),
+            Err(count) => return Err(Error::Miscounted { op, count }),
+        }
         Ok(())
     }
 }

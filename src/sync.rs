@@ -5,6 +5,11 @@
 //! checker sees every shared-memory access the protocol makes. Nothing
 //! outside this module names `std::sync::atomic` or `loom` directly.
 
+/// Only under loom: a cell whose accesses loom tracks, so that memory that a
+/// thread frees can be made visible to the checker as a write (the owned
+/// layer's block, see `owned::drop_unit`).
+#[cfg(loom)]
+pub(crate) use loom::cell::UnsafeCell;
 #[cfg(loom)]
 pub(crate) use loom::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, AtomicUsize, Ordering};
 #[cfg(loom)]

@@ -20,6 +20,39 @@
 //! the thread has run, so a thread migrates to the other CPU between any
 //! two of its operations, and CPUs are shared by several threads (2 CPUs
 //! for up to 3 threads).
+//!
+//! # Is the model weaker than the real fast path? (issue 11)
+//!
+//! No, for the switch back to percpu mode: the orders it lets a section see
+//! are the ones the real section can see, and the mutants of that switch's
+//! order fail here for the reason they would fail on the machine.
+//!
+//! - `reset_after_mode_store` (the counters zeroed *after* the mode store):
+//!   possible on the real path. A section that loads the cleared bit
+//!   commits its `add` to its CPU's slot, and the switcher's later zeroing
+//!   store (a plain store from another CPU) overwrites it: a lost per-CPU
+//!   count. Here the section's write and the reset's write are unordered
+//!   writes to the CPU's cell, which loom reports (`kill_reinit_vs_tryget`,
+//!   `kill_resurrect_vs_trygets`, `switch_vs_switch_and_get_put`). It is
+//!   the *sharded* backend that cannot show this interleaving: its fast
+//!   path never reads the mode word, and its shards stay sealed until
+//!   `reset` swaps them to zero, so the reset itself is what lets percpu
+//!   counting resume and its order against the mode store is irrelevant.
+//! - `bias_after_mode_store` (the bias added after the mode store):
+//!   possible on the real path. A thread whose section loaded the mode
+//!   before the store (earlier in time, or a stale value) puts on the
+//!   atomic path; if the base reference was put in percpu mode earlier,
+//!   its put can take the unbiased counter to zero, releasing the ref,
+//!   while another thread that saw the new mode holds a reference counted
+//!   per CPU. The model allows it too, since the section's acquire load may
+//!   return the old mode; no model exercised that shape until
+//!   `percpu_switch_vs_atomic_put_and_tryget`, which catches the mutant on
+//!   both backends.
+//!
+//! What the model does *not* reproduce is timing: a real section can also
+//! be aborted and restarted by preemption or a signal, which the model
+//! folds into "the section runs later"; the grace period is the only abort
+//! the protocol relies on.
 
 use super::{cpus::possible_cpus, sharded::thread_index, MODE_ATOMIC};
 use crate::sync::{self, AtomicUsize, Mutex, Ordering};
