@@ -4,9 +4,11 @@
 //! Every test checks exact counts and exactly-once, never-early release.
 
 use percpu_ref::{Backend, InitFlags, PercpuRef};
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::SeqCst};
-use std::sync::{Arc, Barrier};
+use std::sync::{Arc, Barrier, Mutex};
 use std::thread;
+use std::time::{Duration, Instant};
 
 /// Workers per test: more than this machine's 2 cores, so threads are
 /// preempted and migrate in the middle of operations.
@@ -318,6 +320,323 @@ fn kill_and_resurrect_cycles_keep_the_count(backend: Backend) {
     eprintln!("{} kill/resurrect cycles", cycles.load(SeqCst));
 }
 
+// ----- the final put, raced -------------------------------------------------
+//
+// The two tests below kill a fresh ref in every round, many rounds over, so
+// that the moments that matter (the final put, the fold window) are hit
+// thousands of times rather than once per test. Under Miri they run a few
+// small rounds.
+
+/// Rounds per test; each round kills one fresh ref.
+const ROUNDS: usize = if cfg!(miri) { 2 } else { 2_000 };
+/// Threads per round: more than the 2 cores, so they are preempted (and
+/// migrate) between and inside operations.
+const ROUND_THREADS: usize = if cfg!(miri) { 3 } else { THREADS };
+/// References each holder takes in percpu mode before the round starts.
+const HOLD: usize = if cfg!(miri) { 2 } else { 8 };
+/// Get/put pairs, counted over all workers, before the kill of round `r`:
+/// varies with the round, so the kill lands at different points of the
+/// streams.
+fn kill_after(round: usize) -> usize {
+    if cfg!(miri) {
+        4
+    } else {
+        (round % 16 + 1) * 256
+    }
+}
+/// Pairs (or trygets) one worker makes before the kill at most; then it only
+/// polls. Workers also yield every `BATCH` operations. Without both, eight
+/// spinning workers on two (shared) cores can keep the killer off the CPU
+/// for seconds per round.
+const PAIRS_CAP: usize = if cfg!(miri) { 8 } else { 2048 };
+const BATCH: usize = if cfg!(miri) { 1 } else { 16 };
+
+/// What one round saw, checked once every thread of the round has joined (a
+/// failed check never leaves a thread waiting).
+#[derive(Default)]
+struct Round {
+    /// Set by the kill's confirm.
+    confirmed: AtomicBool,
+    /// Set by release.
+    released: AtomicBool,
+    /// References the test knows to be held: raised after a get (or a
+    /// successful tryget), lowered before the matching put. The count is
+    /// exact if and only if release finds this at zero.
+    held: AtomicUsize,
+    /// The role (thread name) of the thread that ran release.
+    released_by: Mutex<Option<String>>,
+    /// Violations, from release and from the workers.
+    errors: Mutex<Vec<String>>,
+}
+
+impl Round {
+    /// Records a violation (the first few; a broken ref can make millions).
+    fn fail(&self, msg: String) {
+        let mut errors = self.errors.lock().unwrap();
+        if errors.len() < 4 {
+            errors.push(msg);
+        }
+    }
+
+    /// The release callback: never before confirm, never while a reference
+    /// is held, once.
+    fn on_release(&self) {
+        if !self.confirmed.load(SeqCst) {
+            self.fail("released before confirm".into());
+        }
+        let held = self.held.load(SeqCst);
+        if held != 0 {
+            self.fail(format!("released with {held} references still held"));
+        }
+        if self.released.swap(true, SeqCst) {
+            self.fail("released twice".into());
+        }
+        let role = thread::current().name().unwrap_or("").to_string();
+        let role = if role == "holder" || role == "trygetter" || role == "worker" {
+            role
+        } else {
+            "killer".to_string()
+        };
+        *self.released_by.lock().unwrap() = Some(role);
+    }
+
+    /// Release ran exactly once, and the ref stays released.
+    fn check(&self, round: usize, c: &Counted, by_role: &mut BTreeMap<String, usize>) {
+        let errors = self.errors.lock().unwrap();
+        assert!(
+            errors.is_empty(),
+            "round {round}: violations (the first ones): {errors:?}"
+        );
+        assert_eq!(
+            c.releases.load(SeqCst),
+            1,
+            "round {round}: release must run exactly once"
+        );
+        assert!(c.r.is_zero(), "round {round}: released but not zero");
+        assert!(!c.r.tryget(), "round {round}: tryget after release");
+        let role = self.released_by.lock().unwrap().clone().unwrap();
+        *by_role.entry(role).or_default() += 1;
+    }
+}
+
+/// A fresh ref for one round, whose release runs `round.on_release`.
+fn round_ref(backend: Backend) -> (Arc<Round>, Arc<Counted>) {
+    let round = Arc::new(Round::default());
+    let c = {
+        let round = round.clone();
+        counted(backend, InitFlags::empty(), move || round.on_release())
+    };
+    (round, c)
+}
+
+fn spawn_named<'scope, 'env>(
+    s: &'scope thread::Scope<'scope, 'env>,
+    name: &str,
+    f: impl FnOnce() + Send + 'scope,
+) {
+    thread::Builder::new()
+        .name(name.into())
+        .spawn_scoped(s, f)
+        .expect("spawn");
+}
+
+/// `tryget` racing the final put. In each round, holders keep `HOLD`
+/// references each (taken in percpu mode) and get/put around them until
+/// the ref is killed, then drop them one by one; meanwhile trygetters
+/// hammer `tryget` and put what they get, until they have seen release.
+/// So the last put is sometimes a holder's, sometimes a trygetter's, and
+/// trygets run into the count's zero crossing from both sides.
+///
+/// Checks: release runs exactly once per round, never before confirm and
+/// never while a reference is held (a tryget that succeeded is counted
+/// until its put: release exactly at true zero); after release every
+/// tryget fails.
+fn tryget_races_the_final_put(backend: Backend) {
+    let holders = ROUND_THREADS / 2;
+    let ops = AtomicUsize::new(0);
+    let (late_hits, zero_misses) = (AtomicUsize::new(0), AtomicUsize::new(0));
+    let mut by_role = BTreeMap::new();
+    for round_no in 0..ROUNDS {
+        let (round, c) = round_ref(backend);
+        let (round, c) = (&*round, &*c);
+        let start = Barrier::new(ROUND_THREADS + 1);
+        let (pairs, stop) = (AtomicUsize::new(0), AtomicBool::new(false));
+        let (start, pairs, stop, ops) = (&start, &pairs, &stop, &ops);
+        let (late_hits, zero_misses) = (&late_hits, &zero_misses);
+        thread::scope(|s| {
+            for _ in 0..holders {
+                spawn_named(s, "holder", move || {
+                    for _ in 0..HOLD {
+                        c.r.get();
+                    }
+                    round.held.fetch_add(HOLD, SeqCst);
+                    start.wait();
+                    let mut k = 0;
+                    while !c.r.is_dying() {
+                        if k == PAIRS_CAP {
+                            thread::yield_now();
+                            continue;
+                        }
+                        c.r.get();
+                        c.r.put();
+                        k += 1;
+                        if k % BATCH == 0 {
+                            pairs.fetch_add(BATCH, SeqCst);
+                            thread::yield_now();
+                        }
+                    }
+                    for _ in 0..HOLD {
+                        round.held.fetch_sub(1, SeqCst);
+                        c.r.put();
+                    }
+                    ops.fetch_add(2 * k + HOLD, SeqCst);
+                });
+            }
+            for _ in holders..ROUND_THREADS {
+                spawn_named(s, "trygetter", move || {
+                    start.wait();
+                    let (mut k, mut tries_after_release) = (0, 0);
+                    // Every tryget after release must fail: try a few.
+                    while tries_after_release < 16 && !stop.load(SeqCst) {
+                        let released = round.released.load(SeqCst);
+                        tries_after_release += usize::from(released);
+                        let dying = c.r.is_dying();
+                        // Yield now and then, dying or not: trygetters that
+                        // never pause can keep the count from ever reaching
+                        // zero (each holds a reference most of the time).
+                        if k % BATCH == 0 {
+                            thread::yield_now();
+                        }
+                        if k >= PAIRS_CAP && !dying {
+                            continue;
+                        }
+                        k += 1;
+                        if c.r.tryget() {
+                            round.held.fetch_add(1, SeqCst);
+                            if released {
+                                round.fail("a tryget succeeded after release".into());
+                            }
+                            if dying {
+                                late_hits.fetch_add(1, SeqCst);
+                                // Hold it a moment: the holders' last puts
+                                // then often find a trygetter still holding,
+                                // whose put becomes the final one.
+                                for _ in 0..32 {
+                                    std::hint::spin_loop();
+                                }
+                            }
+                            round.held.fetch_sub(1, SeqCst);
+                            c.r.put();
+                        } else {
+                            zero_misses.fetch_add(1, SeqCst);
+                        }
+                    }
+                    ops.fetch_add(2 * k, SeqCst);
+                });
+            }
+            start.wait();
+            while pairs.load(SeqCst) < kill_after(round_no) {
+                thread::yield_now();
+            }
+            c.r.kill_and_confirm(|_| round.confirmed.store(true, SeqCst))
+                .unwrap();
+            // The trygetters stop once they have seen release; should it
+            // never come (a lost put), stop them so the check can report it.
+            let deadline = Instant::now() + Duration::from_secs(5);
+            while !round.released.load(SeqCst) {
+                if Instant::now() > deadline {
+                    stop.store(true, SeqCst);
+                    break;
+                }
+                thread::yield_now();
+            }
+        });
+        round.check(round_no, c, &mut by_role);
+    }
+    eprintln!(
+        "{ROUNDS} rounds, {} operations; trygets that succeeded on a dying ref: {}, \
+         that found the count at zero: {}; release ran on: {by_role:?}",
+        ops.load(SeqCst),
+        late_hits.load(SeqCst),
+        zero_misses.load(SeqCst)
+    );
+}
+
+/// Puts that land on the atomic counter while a kill folds. In each round,
+/// workers hold `HOLD` references each, taken in percpu mode, and get/put
+/// around them until they see the ref leave percpu mode; then they drop
+/// them at once (a get/put pair and a final put each), so that their last
+/// puts land on the atomic counter between the switch to atomic and the
+/// fold of the per-CPU sum (the biased counter keeps them from reaching
+/// zero there) or just after it.
+///
+/// Checks, every round: release runs exactly once, after confirm, only
+/// when every reference was put (never while one is held), and the ref
+/// stays released.
+fn puts_land_while_a_kill_folds(backend: Backend) {
+    let ops = AtomicUsize::new(0);
+    let before_fold = AtomicUsize::new(0);
+    let mut by_role = BTreeMap::new();
+    for round_no in 0..ROUNDS {
+        let (round, c) = round_ref(backend);
+        let (round, c) = (&*round, &*c);
+        let start = Barrier::new(ROUND_THREADS + 1);
+        let pairs = AtomicUsize::new(0);
+        let (start, pairs, ops, before_fold) = (&start, &pairs, &ops, &before_fold);
+        thread::scope(|s| {
+            for _ in 0..ROUND_THREADS {
+                spawn_named(s, "worker", move || {
+                    for _ in 0..HOLD {
+                        c.r.get();
+                    }
+                    round.held.fetch_add(HOLD, SeqCst);
+                    start.wait();
+                    let mut k = 0;
+                    while c.r.is_percpu() {
+                        if k == PAIRS_CAP {
+                            thread::yield_now();
+                            continue;
+                        }
+                        c.r.get();
+                        c.r.put();
+                        k += 1;
+                        if k % BATCH == 0 {
+                            pairs.fetch_add(BATCH, SeqCst);
+                            thread::yield_now();
+                        }
+                    }
+                    for _ in 0..HOLD {
+                        c.r.get();
+                        c.r.put();
+                        round.held.fetch_sub(1, SeqCst);
+                        c.r.put();
+                        // Atomic mode with the counter still biased: the
+                        // kill has not folded the per-CPU sum in yet.
+                        if c.r.atomic_count().is_none() {
+                            before_fold.fetch_add(1, SeqCst);
+                        }
+                    }
+                    ops.fetch_add(2 * k + 3 * HOLD, SeqCst);
+                });
+            }
+            start.wait();
+            while pairs.load(SeqCst) < kill_after(round_no) {
+                thread::yield_now();
+            }
+            c.r.kill_and_confirm(|_| round.confirmed.store(true, SeqCst))
+                .unwrap();
+        });
+        round.check(round_no, c, &mut by_role);
+    }
+    eprintln!(
+        "{ROUNDS} rounds, {} operations; final puts made before the fold: {} of {}; \
+         release ran on: {by_role:?}",
+        ops.load(SeqCst),
+        before_fold.load(SeqCst),
+        ROUNDS * ROUND_THREADS * HOLD
+    );
+}
+
 /// Per-CPU storage is indexed by possible CPUs: a process confined to CPU 1
 /// (as under `taskset -c 1`) counts exactly.
 #[cfg(not(target_os = "linux"))]
@@ -397,5 +716,7 @@ on_every_backend!(
     kill_mid_stream_releases_once_after_the_last_put,
     no_tryget_live_succeeds_after_confirm,
     kill_and_resurrect_cycles_keep_the_count,
-    exact_when_confined_to_cpu_1
+    exact_when_confined_to_cpu_1,
+    tryget_races_the_final_put,
+    puts_land_while_a_kill_folds
 );
