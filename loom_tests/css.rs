@@ -111,3 +111,28 @@ fn parent_with_two_children_offline_and_free_order() {
         }
     });
 }
+
+/// A lookup by id racing the mkdir that publishes the css: ids are handed
+/// out in order, so another thread can find the new css as soon as the id
+/// table has it, and must then see it initialised (the css's fields are
+/// plain memory; a loom-only cell stands for them). Catches a publication
+/// without release, or a lookup without acquire (the ordering audit's
+/// weakened `Idr::publish` / `Idr::find`).
+#[test]
+fn mkdir_vs_css_from_id() {
+    model(|| {
+        let h = Hierarchy::new(vec![Recorder::new("cpu")]);
+        let root_id = h.root().css(0).unwrap().id();
+        let h2 = h.clone();
+        let t = loom::thread::spawn(move || {
+            let guard = h2.rcu_read_lock();
+            // The first id after the root's.
+            if let Some(css) = h2.css_from_id(0, root_id + 1, &guard) {
+                assert_eq!(css.cgroup_path(), "/a");
+            }
+        });
+        let a = h.mkdir(&h.root(), "a").unwrap();
+        t.join().unwrap();
+        assert_eq!(a.css(0).unwrap().id(), root_id + 1);
+    });
+}

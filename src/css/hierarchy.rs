@@ -332,6 +332,7 @@ impl Cgroup {
         // is freed only a grace period after release; we are inside a read
         // section that began before we loaded the pointer.
         let css = unsafe { CssPtr::from_raw(p)?.get() };
+        css.check_published();
         css.tryget_online()
     }
 
@@ -982,7 +983,9 @@ impl Hierarchy {
         // hierarchy goes, which `&'a self` rules out) and the css freed a
         // grace period after; `guard` is a read section that began before
         // the load and outlives the returned reference.
-        Some(unsafe { p.get() })
+        let css = unsafe { p.get() };
+        css.check_published();
+        Some(css)
     }
 
     /// Makes a task in `cg` (its css_set takes a reference on each css).

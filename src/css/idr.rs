@@ -84,8 +84,13 @@ impl Idr {
 
     /// Makes `css` visible to lookups under `id`.
     pub(crate) fn publish(&self, id: u32, css: *mut Css) {
-        // ordering-audit: kept (rcu_assign_pointer): publishes the css to `css_from_id`, which may race mkdir; loom cannot see it: the css's fields are plain memory, not loom cells.
+        // ordering-audit: Release (rcu_assign_pointer): publishes the css to
+        // `css_from_id`, which may race mkdir (loom_css/mkdir_vs_css_from_id).
+        #[cfg(not(percpu_ref_mutant = "idr_publish_relaxed"))]
         self.slots[id as usize].store(css, Ordering::Release);
+        // mutant idr_publish_relaxed: publish the css without release.
+        #[cfg(percpu_ref_mutant = "idr_publish_relaxed")]
+        self.slots[id as usize].store(css, Ordering::Relaxed);
     }
 
     /// Hides the css under `id` from new lookups (`idr_replace(NULL)`); the
@@ -110,7 +115,7 @@ impl Idr {
     /// RCU read section to dereference the result.
     pub(crate) fn find(&self, id: u32) -> *mut Css {
         match self.slots.get(id as usize) {
-            // ordering-audit: kept (rcu_dereference): pairs with `publish`.
+            // ordering-audit: Acquire (rcu_dereference): pairs with `publish`.
             Some(slot) => slot.load(Ordering::Acquire),
             None => ptr::null_mut(),
         }

@@ -140,6 +140,12 @@ pub struct Css {
     pub(crate) hier: Option<Arc<Inner>>,
     /// Ids of linked child csses (`css->children`), under `cgroup_mutex`.
     pub(crate) children: Mutex<Vec<u32>>,
+    /// Loom only: stands for the css's plain fields, which loom does not
+    /// track. Written once initialised, read by every lock-free lookup, so
+    /// that loom sees a lookup that finds the css before it happens-after
+    /// the initialisation (see `loom_tests/css.rs`, `mkdir_vs_css_from_id`).
+    #[cfg(loom)]
+    initialised: crate::sync::UnsafeCell<()>,
 }
 
 pub(crate) struct CssInit {
@@ -177,11 +183,24 @@ impl Css {
             subsys: init.subsys,
             hier: init.hier,
             children: Mutex::new(Vec::new()),
+            #[cfg(loom)]
+            initialised: crate::sync::UnsafeCell::new(()),
         };
         // SAFETY: `raw` is a fresh, writable allocation with the layout of
         // `Css` (`MaybeUninit<Css>` has the same layout).
         unsafe { raw.write(css) };
+        // SAFETY: just written; nothing else can reach it yet.
+        #[cfg(loom)]
+        unsafe { me.get() }.initialised.with_mut(|_| ());
         me
+    }
+
+    /// Loom only: what a lock-free lookup that found this css reads first
+    /// (see the `initialised` field).
+    #[inline]
+    pub(crate) fn check_published(&self) {
+        #[cfg(loom)]
+        self.initialised.with(|_| ());
     }
 
     /// Frees a css allocated by [`alloc`](Self::alloc).
