@@ -115,6 +115,20 @@ fn spawn(f: impl FnOnce() + Send + 'static) -> thread::JoinHandle<()> {
     thread::spawn(f)
 }
 
+/// A thread that tries `tryget_live` once, asserts it did not succeed after
+/// a confirm it had already seen, and puts what it got.
+fn spawn_tryget_live_checker(r: &Arc<PercpuRef>, p: &Arc<Probe>) -> thread::JoinHandle<()> {
+    let (r, p) = (r.clone(), p.clone());
+    spawn(move || {
+        let confirmed = p.confirmed.load(SeqCst);
+        if r.tryget_live() {
+            assert!(!confirmed, "tryget_live succeeded after confirm");
+            p.held.fetch_add(1, SeqCst);
+            p.put(&r);
+        }
+    })
+}
+
 // ----- 1. get/put concurrent with kill ------------------------------------
 
 /// Model 1a: a thread holding one reference does get, put, put (percpu
@@ -179,17 +193,7 @@ fn kill_atomic_vs_put(backend: Backend) {
 fn tryget_live_vs_kill(backend: Backend) {
     let p = Probe::new(0);
     let r = strict_ref(&p, InitFlags::empty(), backend);
-    let w = {
-        let (r, p) = (r.clone(), p.clone());
-        spawn(move || {
-            let confirmed = p.confirmed.load(SeqCst);
-            if r.tryget_live() {
-                assert!(!confirmed, "tryget_live succeeded after confirm");
-                p.held.fetch_add(1, SeqCst);
-                p.put(&r);
-            }
-        })
-    };
+    let w = spawn_tryget_live_checker(&r, &p);
     r.kill_and_confirm(|_| p.confirm()).unwrap();
     w.join().unwrap();
     assert_eq!(p.releases(), 1, "release must run exactly once");
@@ -457,17 +461,7 @@ fn tryget_live_vs_kill_already_atomic(backend: Backend, init_atomic: bool) {
         r.switch_to_atomic(); // sticky
     }
     r.get(); // keeps the count above zero after the kill
-    let w = {
-        let (r, p) = (r.clone(), p.clone());
-        spawn(move || {
-            let confirmed = p.confirmed.load(SeqCst);
-            if r.tryget_live() {
-                assert!(!confirmed, "tryget_live succeeded after confirm");
-                p.held.fetch_add(1, SeqCst);
-                p.put(&r);
-            }
-        })
-    };
+    let w = spawn_tryget_live_checker(&r, &p);
     r.kill_and_confirm(|_| p.confirm()).unwrap();
     w.join().unwrap();
     assert!(!r.tryget_live(), "tryget_live succeeded after the kill");

@@ -351,6 +351,27 @@ fn kill_after(round: usize) -> usize {
 const PAIRS_CAP: usize = if cfg!(miri) { 8 } else { 2048 };
 const BATCH: usize = if cfg!(miri) { 1 } else { 16 };
 
+/// A worker's get/put pairs while `go()` holds: at most `PAIRS_CAP`, then it
+/// only polls; counted into `pairs` every `BATCH`, with a yield. Returns the
+/// pairs made.
+fn churn_while(r: &PercpuRef, pairs: &AtomicUsize, go: impl Fn() -> bool) -> usize {
+    let mut k = 0;
+    while go() {
+        if k == PAIRS_CAP {
+            thread::yield_now();
+            continue;
+        }
+        r.get();
+        r.put();
+        k += 1;
+        if k % BATCH == 0 {
+            pairs.fetch_add(BATCH, SeqCst);
+            thread::yield_now();
+        }
+    }
+    k
+}
+
 /// What one round saw, checked once every thread of the round has joined (a
 /// failed check never leaves a thread waiting).
 #[derive(Default)]
@@ -471,20 +492,7 @@ fn tryget_races_the_final_put(backend: Backend) {
                     }
                     round.held.fetch_add(HOLD, SeqCst);
                     start.wait();
-                    let mut k = 0;
-                    while !c.r.is_dying() {
-                        if k == PAIRS_CAP {
-                            thread::yield_now();
-                            continue;
-                        }
-                        c.r.get();
-                        c.r.put();
-                        k += 1;
-                        if k % BATCH == 0 {
-                            pairs.fetch_add(BATCH, SeqCst);
-                            thread::yield_now();
-                        }
-                    }
+                    let k = churn_while(&c.r, pairs, || !c.r.is_dying());
                     for _ in 0..HOLD {
                         round.held.fetch_sub(1, SeqCst);
                         c.r.put();
@@ -591,20 +599,7 @@ fn puts_land_while_a_kill_folds(backend: Backend) {
                     }
                     round.held.fetch_add(HOLD, SeqCst);
                     start.wait();
-                    let mut k = 0;
-                    while c.r.is_percpu() {
-                        if k == PAIRS_CAP {
-                            thread::yield_now();
-                            continue;
-                        }
-                        c.r.get();
-                        c.r.put();
-                        k += 1;
-                        if k % BATCH == 0 {
-                            pairs.fetch_add(BATCH, SeqCst);
-                            thread::yield_now();
-                        }
-                    }
+                    let k = churn_while(&c.r, pairs, || c.r.is_percpu());
                     for _ in 0..HOLD {
                         c.r.get();
                         c.r.put();
