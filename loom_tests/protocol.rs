@@ -31,7 +31,18 @@ fn check(preemptions: usize, f: impl Fn() + Sync + Send + 'static) {
     if builder.preemption_bound.is_none() {
         builder.preemption_bound = Some(preemptions);
     }
-    builder.check(f);
+    let runs = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counter = runs.clone();
+    builder.check(move || {
+        counter.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        f()
+    });
+    // Seen with --nocapture: a model that explores one execution checks
+    // one interleaving only (see the README, "How it is checked").
+    eprintln!(
+        "{} executions",
+        runs.load(std::sync::atomic::Ordering::Relaxed)
+    );
 }
 
 /// What the release callback and the threads of a model observe.
