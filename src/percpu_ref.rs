@@ -402,8 +402,7 @@ impl PercpuRef {
     #[inline(never)]
     fn tryget_live_atomic(&self) -> bool {
         #[cfg(not(percpu_ref_mutant = "tryget_live_no_dead_check"))]
-        // ordering-audit: Relaxed: seeing DEAD needs nothing else; a tryget_live that goes on acquires through its CAS on the count.
-        let alive = self.mode.load(Ordering::Relaxed) & MODE_DEAD == 0;
+        let alive = self.mode() & MODE_DEAD == 0;
         // mutant tryget_live_no_dead_check: behave as tryget.
         #[cfg(percpu_ref_mutant = "tryget_live_no_dead_check")]
         let alive = true;
@@ -668,7 +667,8 @@ impl PercpuRef {
         if let Err(AddOutcome::Overflow { count }) = self.count.add(1) {
             overflow(op, 1, count);
         }
-        // ordering-audit: Relaxed: the count's add above (Release) publishes the revival; a tryget_live that then takes a reference acquires it in its CAS on the count.
+        // ordering-audit: Relaxed: the count's add above (Release) publishes the revival; a
+        // tryget_live that then takes a reference acquires it in its CAS on the count.
         self.mode.store(self.mode() & !MODE_DEAD, Ordering::Relaxed);
         if !g.state.force_atomic {
             self.switch_to_percpu_locked(op)?;
@@ -685,20 +685,17 @@ impl PercpuRef {
     /// does not synchronise with the last put. Hand data over through the
     /// `release` callback (which runs after the last put) instead.
     pub fn is_zero(&self) -> bool {
-        // ordering-audit: Relaxed: a snapshot; `count.load` is relaxed too.
-        self.mode.load(Ordering::Relaxed) & MODE_ATOMIC != 0 && self.count.load() == 0
+        self.mode() & MODE_ATOMIC != 0 && self.count.load() == 0
     }
 
     /// True once the ref was killed (until revived).
     pub fn is_dying(&self) -> bool {
-        // ordering-audit: Relaxed: a snapshot; DEAD publishes nothing (the kernel reads it plainly).
-        self.mode.load(Ordering::Relaxed) & MODE_DEAD != 0
+        self.mode() & MODE_DEAD != 0
     }
 
     /// True while get/put count per CPU.
     pub fn is_percpu(&self) -> bool {
-        // ordering-audit: Relaxed: a snapshot; the mode publishes nothing a caller could rely on here.
-        self.mode.load(Ordering::Relaxed) & MODE_ATOMIC == 0
+        self.mode() & MODE_ATOMIC == 0
     }
 
     /// The count in atomic mode, `None` in percpu mode, while a switch to
@@ -725,8 +722,15 @@ impl PercpuRef {
 
     // ----- internals --------------------------------------------------------
 
-    /// The mode word, read by the switch-lock holder (its only writer).
+    /// The mode word, as the switch-lock holder (its only writer) and the
+    /// queries read it. The fast paths read it on their own (the rseq
+    /// section; the loom model with an acquire load).
     fn mode(&self) -> usize {
+        // ordering-audit: Relaxed: the lock holder reads its own writes; the
+        // queries (`is_dying`, `is_percpu`, `is_zero`, `tryget_live`'s DEAD
+        // check) take snapshots, as the kernel's plain reads do: DEAD and
+        // ATOMIC publish nothing, and a tryget_live that goes on acquires
+        // through its CAS on the count.
         self.mode.load(Ordering::Relaxed)
     }
 
@@ -766,7 +770,9 @@ impl PercpuRef {
                 confirm_panic: self.run_confirm(confirm),
             });
         }
-        // ordering-audit: Relaxed: an op that sees ATOMIC goes to the atomic counter, whose RMWs read its latest value whatever this store's order; per-CPU adds made before it reach the fold through the grace period, not through this store.
+        // ordering-audit: Relaxed: an op that sees ATOMIC goes to the atomic counter, whose RMWs
+        // read its latest value whatever this store's order; per-CPU adds made before it reach the
+        // fold through the grace period, not through this store.
         self.mode.store(mode | MODE_ATOMIC, Ordering::Relaxed);
         self.count.add_temp_ref();
         let sum = match self.counters.seal_and_sum() {
@@ -774,7 +780,8 @@ impl PercpuRef {
             Err(e) => {
                 // Nothing was summed: percpu adds made meanwhile are still in
                 // their counters, atomic ones in the biased counter.
-                // ordering-audit: Relaxed: restores the word under the switch lock; the failed switch published nothing.
+                // ordering-audit: Relaxed: restores the word under the switch lock; the failed
+                // switch published nothing.
                 self.mode.store(undo_mode, Ordering::Relaxed);
                 let _ = self.count.sub(1);
                 return Err(Error::GracePeriodFailed {
@@ -898,8 +905,7 @@ impl PercpuRef {
 
 impl fmt::Debug for PercpuRef {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        // ordering-audit: Relaxed: printed, never acted on.
-        let mode = self.mode.load(Ordering::Relaxed);
+        let mode = self.mode();
         f.debug_struct("PercpuRef")
             .field(
                 "mode",

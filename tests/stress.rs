@@ -351,6 +351,16 @@ fn kill_after(round: usize) -> usize {
 const PAIRS_CAP: usize = if cfg!(miri) { 8 } else { 2048 };
 const BATCH: usize = if cfg!(miri) { 1 } else { 16 };
 
+/// A worker takes its `HOLD` references in percpu mode, records them, and
+/// waits for the round to start.
+fn hold_and_start(c: &Counted, round: &Round, start: &Barrier) {
+    for _ in 0..HOLD {
+        c.r.get();
+    }
+    round.held.fetch_add(HOLD, SeqCst);
+    start.wait();
+}
+
 /// A worker's get/put pairs while `go()` holds: at most `PAIRS_CAP`, then it
 /// only polls; counted into `pairs` every `BATCH`, with a yield. Returns the
 /// pairs made.
@@ -487,11 +497,7 @@ fn tryget_races_the_final_put(backend: Backend) {
         thread::scope(|s| {
             for _ in 0..holders {
                 spawn_named(s, "holder", move || {
-                    for _ in 0..HOLD {
-                        c.r.get();
-                    }
-                    round.held.fetch_add(HOLD, SeqCst);
-                    start.wait();
+                    hold_and_start(c, round, start);
                     let k = churn_while(&c.r, pairs, || !c.r.is_dying());
                     for _ in 0..HOLD {
                         round.held.fetch_sub(1, SeqCst);
@@ -594,11 +600,7 @@ fn puts_land_while_a_kill_folds(backend: Backend) {
         thread::scope(|s| {
             for _ in 0..ROUND_THREADS {
                 spawn_named(s, "worker", move || {
-                    for _ in 0..HOLD {
-                        c.r.get();
-                    }
-                    round.held.fetch_add(HOLD, SeqCst);
-                    start.wait();
+                    hold_and_start(c, round, start);
                     let k = churn_while(&c.r, pairs, || c.r.is_percpu());
                     for _ in 0..HOLD {
                         c.r.get();

@@ -299,7 +299,8 @@ impl Cgroup {
 
     /// False once `rmdir` removed it.
     pub fn is_online(&self) -> bool {
-        // ordering-audit: Relaxed: a snapshot of a flag changed under cgroup_mutex; it publishes nothing.
+        // ordering-audit: Relaxed: a snapshot of a flag changed under cgroup_mutex; it publishes
+        // nothing.
         self.node.online.load(Ordering::Relaxed)
     }
 
@@ -317,7 +318,8 @@ impl Cgroup {
         let slot = self.node.subsys.get(ssid)?;
         if self.node.parent.is_none() {
             let _g = sync::lock(&self.node.root_slots);
-            // ordering-audit: Relaxed: the root's slot is set before any handle exists and cleared under root_slots, which we hold.
+            // ordering-audit: Relaxed: the root's slot is set before any handle exists and cleared
+            // under root_slots, which we hold.
             let p = slot.load(Ordering::Relaxed);
             // SAFETY: a root css's slot is cleared under this lock before
             // the hierarchy drops its base reference (`kill_root_css`), so
@@ -567,7 +569,8 @@ impl Inner {
 
     /// `queue_rcu_work`: queue `w` after a grace period.
     pub(crate) fn queue_rcu_work(self: &Arc<Self>, w: Work) {
-        // ordering-audit: Relaxed: made under cgroup_mutex, which `flush_inner` holds when it reads the count.
+        // ordering-audit: Relaxed: made under cgroup_mutex, which `flush_inner` holds when it reads
+        // the count.
         self.rcu_pending.fetch_add(1, Ordering::Relaxed);
         #[cfg(not(loom))]
         {
@@ -575,7 +578,8 @@ impl Inner {
             rcu::call_rcu(move || {
                 let mut panics = CallbackPanics::default();
                 inner.queue_work(w, &mut panics);
-                // ordering-audit: Relaxed: `queue_work` handed the work over under destroy_wq's mutex first; see `flush_inner`'s load.
+                // ordering-audit: Relaxed: `queue_work` handed the work over under destroy_wq's
+                // mutex first; see `flush_inner`'s load.
                 inner.rcu_pending.fetch_sub(1, Ordering::Relaxed);
                 // Run inside whatever pinned this thread: no caller to
                 // resume it in.
@@ -692,7 +696,8 @@ impl Drop for Inner {
         // offline it and drop the hierarchy's base reference. It is
         // released when the last task, page or `CssRef` on it goes (maybe
         // now), and freed a grace period later.
-        // ordering-audit: Relaxed: a status flag; the last handle is gone, so nobody reads it concurrently.
+        // ordering-audit: Relaxed: a status flag; the last handle is gone, so nobody reads it
+        // concurrently.
         self.root.online.store(false, Ordering::Relaxed);
         let mut panics = CallbackPanics::default();
         for &p in &self.root_css {
@@ -872,10 +877,12 @@ impl Hierarchy {
             for ssid in 0..inner.subsys.len() {
                 if let Err(e) = inner.css_create(&node, ssid, &mut g.panics) {
                     // Undo as the kernel does: destroy what was made.
-                    // ordering-audit: Relaxed: a status flag; readers learn nothing else from it (`is_online`).
+                    // ordering-audit: Relaxed: a status flag; readers learn nothing else from it
+                    // (`is_online`).
                     node.online.store(false, Ordering::Relaxed);
                     for made in 0..ssid {
-                        // ordering-audit: Relaxed: the slot is written under cgroup_mutex, which we hold.
+                        // ordering-audit: Relaxed: the slot is written under cgroup_mutex, which we
+                        // hold.
                         let p = node.subsys[made].load(Ordering::Relaxed);
                         kill_css(CssPtr::from_raw(p).expect("a made css is online"));
                     }
@@ -927,7 +934,8 @@ impl Hierarchy {
                     reason: BusyReason::HasChildren(children),
                 });
             }
-            // ordering-audit: Relaxed: a status flag; readers learn nothing else from it (`is_online`).
+            // ordering-audit: Relaxed: a status flag; readers learn nothing else from it
+            // (`is_online`).
             cg.node.online.store(false, Ordering::Relaxed);
             sync::lock(&parent.children).remove(cg.name());
             for slot in cg.node.subsys.iter() {
@@ -1106,7 +1114,10 @@ impl Hierarchy {
             self.inner.drain_locked(&mut g.panics);
             // Checked under the mutex, so no work is running elsewhere; grace
             // period work counts as pending until it was queued.
-            // ordering-audit: Relaxed: a 0 read here comes from a decrement made after its work was pushed under destroy_wq's mutex, so `queue_is_empty` (which takes that mutex next) sees the work: had our lock come first, this load would read a write that happens after it. Increments are made under cgroup_mutex, which we hold.
+            // ordering-audit: Relaxed: a 0 read here comes from a decrement made after its work was
+            // pushed under destroy_wq's mutex, so `queue_is_empty` (which takes that mutex next)
+            // sees the work: had our lock come first, this load would read a write that happens
+            // after it. Increments are made under cgroup_mutex, which we hold.
             let done =
                 self.inner.rcu_pending.load(Ordering::Relaxed) == 0 && self.inner.queue_is_empty();
             caught.merge(g.unlock());
@@ -1119,7 +1130,8 @@ impl Hierarchy {
                 let due: Vec<Work> = std::mem::take(&mut *sync::lock(&self.inner.rcu_list));
                 for w in due {
                     sync::lock(&self.inner.destroy_wq).push_back(w);
-                    // ordering-audit: Relaxed: the work was handed over through destroy_wq's mutex before this decrement; see `flush_inner`'s load.
+                    // ordering-audit: Relaxed: the work was handed over through destroy_wq's mutex
+                    // before this decrement; see `flush_inner`'s load.
                     self.inner.rcu_pending.fetch_sub(1, Ordering::Relaxed);
                 }
             }

@@ -96,7 +96,8 @@ impl Idr {
     /// Hides the css under `id` from new lookups (`idr_replace(NULL)`); the
     /// id stays reserved.
     pub(crate) fn unpublish(&self, id: u32) {
-        // ordering-audit: Relaxed: a null publishes nothing; readers that loaded the old pointer are covered by RCU.
+        // ordering-audit: Relaxed: a null publishes nothing; readers that loaded the old pointer
+        // are covered by RCU.
         self.slots[id as usize].store(ptr::null_mut(), Ordering::Relaxed);
     }
 

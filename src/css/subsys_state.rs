@@ -314,7 +314,8 @@ impl Css {
 
     /// The lifecycle state.
     pub fn state(&self) -> CssState {
-        // ordering-audit: Relaxed: a snapshot of a value changed under cgroup_mutex; it publishes nothing (the kernel reads it plainly).
+        // ordering-audit: Relaxed: a snapshot of a value changed under cgroup_mutex; it publishes
+        // nothing (the kernel reads it plainly).
         let f = self.flags.load(Ordering::Relaxed);
         if f & CSS_RELEASED != 0 {
             CssState::Released
@@ -331,13 +332,15 @@ impl Css {
 
     /// Whether the css is online (`css_is_online`-like).
     pub fn is_online(&self) -> bool {
-        // ordering-audit: Relaxed: a snapshot of a value changed under cgroup_mutex; it publishes nothing (the kernel reads it plainly).
+        // ordering-audit: Relaxed: a snapshot of a value changed under cgroup_mutex; it publishes
+        // nothing (the kernel reads it plainly).
         self.flags.load(Ordering::Relaxed) & CSS_ONLINE != 0
     }
 
     /// Whether `rmdir` killed the css (`css_is_dying`).
     pub fn is_dying(&self) -> bool {
-        // ordering-audit: Relaxed: a snapshot of a value changed under cgroup_mutex; it publishes nothing (the kernel reads it plainly).
+        // ordering-audit: Relaxed: a snapshot of a value changed under cgroup_mutex; it publishes
+        // nothing (the kernel reads it plainly).
         self.flags.load(Ordering::Relaxed) & CSS_DYING != 0
     }
 
@@ -354,12 +357,14 @@ impl Css {
     }
 
     pub(crate) fn set_flags(&self, f: usize) {
-        // ordering-audit: Relaxed: flags change under cgroup_mutex (or, for a root css, on its last thread); they are status and publish nothing.
+        // ordering-audit: Relaxed: flags change under cgroup_mutex (or, for a root css, on its last
+        // thread); they are status and publish nothing.
         self.flags.fetch_or(f, Ordering::Relaxed);
     }
 
     fn clear_flags(&self, f: usize) {
-        // ordering-audit: Relaxed: flags change under cgroup_mutex (or, for a root css, on its last thread); they are status and publish nothing.
+        // ordering-audit: Relaxed: flags change under cgroup_mutex (or, for a root css, on its last
+        // thread); they are status and publish nothing.
         self.flags.fetch_and(!f, Ordering::Relaxed);
     }
 }
@@ -673,12 +678,15 @@ pub(crate) fn online_css(css: &Css, panics: &mut CallbackPanics) -> Result<(), S
         .call(|| css.subsys.css_online(css))
         .unwrap_or_else(|| Err(String::from("css_online panicked")))?;
     css.set_flags(CSS_ONLINE);
-    // ordering-audit: kept (rcu_assign_pointer): publishes the css's fields to `Cgroup::css` readers. No model races them: a cgroup's handle escapes mkdir only after this store.
+    // ordering-audit: kept (rcu_assign_pointer): publishes the css's fields to `Cgroup::css`
+    // readers. No model races them: a cgroup's handle escapes mkdir only after this store.
     css.cgroup.subsys[css.ssid].store(css.ptr().as_ptr(), Ordering::Release);
-    // ordering-audit: Relaxed: changed only under cgroup_mutex, which orders it; it publishes nothing.
+    // ordering-audit: Relaxed: changed only under cgroup_mutex, which orders it; it publishes
+    // nothing.
     css.online_cnt.fetch_add(1, Ordering::Relaxed);
     if let Some(parent) = css.parent() {
-        // ordering-audit: Relaxed: changed only under cgroup_mutex, which orders it; it publishes nothing.
+        // ordering-audit: Relaxed: changed only under cgroup_mutex, which orders it; it publishes
+        // nothing.
         parent.online_cnt.fetch_add(1, Ordering::Relaxed);
     }
     Ok(())
@@ -714,7 +722,8 @@ pub(crate) fn kill_css(p: CssPtr) {
 fn css_killed_ref_fn(p: CssPtr) {
     // SAFETY: the kill holds the base and the extra reference.
     let css = unsafe { p.get() };
-    // ordering-audit: Relaxed: changed only under cgroup_mutex, which orders it; it publishes nothing.
+    // ordering-audit: Relaxed: changed only under cgroup_mutex, which orders it; it publishes
+    // nothing.
     let last = css.online_cnt.fetch_sub(1, Ordering::Relaxed) == 1;
     // mutant css_no_online_cnt: offline at once, whatever the children.
     if last || cfg!(percpu_ref_mutant = "css_no_online_cnt") {
@@ -746,7 +755,8 @@ fn css_killed_work_fn(mut p: CssPtr, panics: &mut CallbackPanics) {
         // SAFETY: the child we just offlined pins its parent until it is
         // freed, and frees run under cgroup_mutex, which we hold.
         let parent_css = unsafe { pp.get() };
-        // ordering-audit: Relaxed: changed only under cgroup_mutex, which orders it; it publishes nothing.
+        // ordering-audit: Relaxed: changed only under cgroup_mutex, which orders it; it publishes
+        // nothing.
         if parent_css.online_cnt.fetch_sub(1, Ordering::Relaxed) != 1 {
             return;
         }
@@ -763,7 +773,8 @@ fn offline_css(css: &Css, panics: &mut CallbackPanics) {
     panics.call(|| css.subsys.css_offline(css));
     css.clear_flags(CSS_ONLINE);
     css.set_flags(CSS_OFFLINED);
-    // ordering-audit: Relaxed: a null publishes nothing; readers that loaded the old pointer are covered by RCU (the free waits a grace period).
+    // ordering-audit: Relaxed: a null publishes nothing; readers that loaded the old pointer are
+    // covered by RCU (the free waits a grace period).
     let _ = css.cgroup.subsys[css.ssid].compare_exchange(
         css.ptr().as_ptr(),
         std::ptr::null_mut(),
