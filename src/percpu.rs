@@ -4,7 +4,9 @@
 //! # The contract
 //!
 //! A ref's *mode word* (owned by [`PercpuRef`](crate::PercpuRef)) is in
-//! percpu mode exactly when its `MODE_ATOMIC` bit is clear. A backend owns
+//! percpu mode exactly when its `MODE_ATOMIC` bit is clear; in percpu mode
+//! its low half is the backend's [`Counters::percpu_mode`] (the rseq
+//! section's CPU bound, see [`MODE_LIMIT`]), in atomic mode it is 0. A backend owns
 //! one counter per possible CPU (or per shard) for one ref and offers three
 //! operations:
 //!
@@ -63,10 +65,22 @@ pub use rseq_abi::force_fake_area_for_instruction_counting;
 #[cfg(percpu_ref_rseq)]
 pub use rseq_abi::rseq_aborts;
 
+/// Where the mode word's flags start: above the CPU bound ([`MODE_LIMIT`])
+/// where the rseq backend is built, at bit 0 elsewhere.
+const FLAG_SHIFT: u32 = if cfg!(percpu_ref_rseq) { 32 } else { 0 };
 /// Mode bit: the ref counts in its shared atomic counter.
-pub(crate) const MODE_ATOMIC: usize = 1;
+pub(crate) const MODE_ATOMIC: usize = 1 << FLAG_SHIFT;
 /// Mode bit: the ref was killed (always set together with `MODE_ATOMIC`).
-pub(crate) const MODE_DEAD: usize = 2;
+pub(crate) const MODE_DEAD: usize = 2 << FLAG_SHIFT;
+/// The low half of the mode word (rseq builds only): the rseq section's
+/// CPU bound. It holds the arena's CPU count while a ref on the rseq
+/// backend is in percpu mode and 0 otherwise (atomic mode, or another
+/// backend), so that the section tests the mode and the `cpu_id` bound in
+/// one unsigned compare, `cpu_id < limit`: one load and one branch that
+/// reject atomic mode, a CPU without a counter in the arena, an
+/// unregistered thread (negative `cpu_id`) and every other backend.
+#[allow(dead_code)] // documentation of the layout off rseq builds
+pub(crate) const MODE_LIMIT: usize = (1 << FLAG_SHIFT) - 1;
 /// `_many` operations on at least this many references take the atomic
 /// path even in percpu mode. Per-CPU deltas therefore stay below 2^16 in
 /// magnitude, which bounds how far one operation (or every thread racing
@@ -239,55 +253,38 @@ fn detect_backend() -> (Backend, Option<String>) {
     }
 }
 
-/// What one `try_add` needs of a ref's counters, as plain pointers.
-///
-/// A put that is not the last one can still be running when another
-/// thread's last put releases the ref and its owner frees it. Nothing is
-/// read after the add commits, but a `&Counters` (or `&PercpuRef`) held as
-/// a function argument across the add would still be a live borrow of
-/// freed memory (undefined behaviour under Stacked and Tree Borrows). So
-/// the put path copies these pointers out first and commits through them;
-/// the only references it holds across the add are to atomics (the mode
-/// word, a shard), whose interior mutability makes that allowed, as for
-/// `Arc`'s own counter.
-#[derive(Clone, Copy)]
-pub(crate) enum Target {
-    /// The slot's CPU-0 counter in the per-CPU arena.
-    #[cfg(percpu_ref_rseq)]
-    Rseq(*mut u8),
-    /// This thread's shard.
-    Sharded(*const crate::sync::AtomicU64),
-    /// The loom model (not run under Miri).
-    #[cfg(loom)]
-    Model(*const model::ModelCpus),
-}
-
-impl Target {
-    /// As [`Counters::try_add`].
-    ///
-    /// # Safety
-    ///
-    /// The counters this was taken from are alive until the add commits
-    /// (the caller holds a reference on the ref).
-    #[inline(always)]
-    pub(crate) unsafe fn try_add(self, mode: &AtomicUsize, delta: u64) -> bool {
-        match self {
-            #[cfg(percpu_ref_rseq)]
-            Target::Rseq(base) => rseq::try_add_at(base, mode, delta),
-            // SAFETY: the caller keeps the shard alive up to the add.
-            Target::Sharded(shard) => sharded::try_add_at(unsafe { &*shard }, delta),
-            // SAFETY: as above.
-            #[cfg(loom)]
-            Target::Model(m) => unsafe { &*m }.try_add(mode, delta),
-        }
-    }
-}
-
 /// One ref's per-CPU counters, on whichever backend it was created with.
 ///
-/// An enum rather than a trait object: the match on the fast path is one
-/// perfectly predicted branch, and every variant inlines.
-pub(crate) enum Counters {
+/// The rseq fast path needs two words of a ref and no branch on the
+/// backend: the mode word (whose low half is its CPU bound, see
+/// [`MODE_LIMIT`]) and `fast_base`, the kernel's `percpu_count_ptr`. Every
+/// other backend's mode word has a zero bound, so on those the section
+/// finds nothing to count and [`try_add_other`](Self::try_add_other) picks
+/// the backend. Where the rseq backend is not built, that is the whole
+/// fast path.
+pub(crate) struct Counters {
+    /// CPU 0's counter of the ref's arena slot on the rseq backend; a
+    /// dangling, never-written pointer on every other backend.
+    #[cfg(percpu_ref_rseq)]
+    fast_base: *mut u8,
+    kind: Kind,
+}
+
+// SAFETY: `fast_base` is a position in arena memory, which lives for the
+// whole process and is written only by rseq sections on the CPU it belongs
+// to (or by the switcher after a grace period); every other field is Send
+// and Sync by itself.
+#[cfg(percpu_ref_rseq)]
+unsafe impl Send for Counters {}
+// SAFETY: as above.
+#[cfg(percpu_ref_rseq)]
+unsafe impl Sync for Counters {}
+
+/// The backend-specific part.
+///
+/// An enum rather than a trait object: the match is one perfectly
+/// predicted branch, off the rseq path, and every variant inlines.
+enum Kind {
     #[cfg(percpu_ref_rseq)]
     Rseq(rseq::RseqCounters),
     Sharded(sharded::Shards),
@@ -301,25 +298,50 @@ impl Counters {
     /// available); `atomic` for a ref that starts in atomic mode (its
     /// counters start sealed, as after a switch to atomic mode).
     pub(crate) fn new(backend: Backend, atomic: bool) -> Self {
-        match backend {
-            Backend::Sharded => Counters::Sharded(sharded::Shards::new(atomic)),
+        // Every backend's operations run the rseq section first: it must
+        // have an area to arm in this process before any ref exists.
+        #[cfg(percpu_ref_rseq)]
+        let rseq_available = rseq_abi::available();
+        let kind = match backend {
+            Backend::Sharded => Kind::Sharded(sharded::Shards::new(atomic)),
             #[cfg(loom)]
-            Backend::Rseq => Counters::Model(model::ModelCpus::new()),
+            Backend::Rseq => Kind::Model(model::ModelCpus::new()),
             #[cfg(percpu_ref_rseq)]
-            Backend::Rseq if rseq_abi::available() => Counters::Rseq(rseq::RseqCounters::new()),
+            Backend::Rseq if rseq_available => Kind::Rseq(rseq::RseqCounters::new()),
             #[cfg(not(loom))]
             Backend::Rseq => unreachable!("rseq backend requested but not available"),
+        };
+        Counters {
+            #[cfg(percpu_ref_rseq)]
+            fast_base: match &kind {
+                Kind::Rseq(r) => r.base(),
+                _ => std::ptr::NonNull::dangling().as_ptr(),
+            },
+            kind,
         }
     }
 
     /// The backend these counters live on.
     pub(crate) fn backend(&self) -> Backend {
-        match self {
+        match self.kind {
             #[cfg(percpu_ref_rseq)]
-            Counters::Rseq(_) => Backend::Rseq,
-            Counters::Sharded(_) => Backend::Sharded,
+            Kind::Rseq(_) => Backend::Rseq,
+            Kind::Sharded(_) => Backend::Sharded,
             #[cfg(loom)]
-            Counters::Model(_) => Backend::Rseq,
+            Kind::Model(_) => Backend::Rseq,
+        }
+    }
+
+    /// The mode word of this ref in percpu mode: the CPU bound of the rseq
+    /// section ([`MODE_LIMIT`]) on the rseq backend, 0 on the others.
+    pub(crate) fn percpu_mode(&self) -> usize {
+        match self.kind {
+            // The arena's region count, at most i32::MAX: every CPU below it
+            // has a counter in the slot's chunk, and every negative `cpu_id`
+            // (an unregistered thread), read as unsigned, is above it.
+            #[cfg(percpu_ref_rseq)]
+            Kind::Rseq(_) => arena::arena_cpus(),
+            _ => 0,
         }
     }
 
@@ -327,53 +349,95 @@ impl Counters {
     #[inline(always)]
     pub(crate) fn try_add(&self, mode: &AtomicUsize, delta: u64) -> bool {
         // SAFETY: `&self` keeps the counters alive across the add.
-        unsafe { self.target().try_add(mode, delta) }
+        unsafe { Self::try_add_raw(self, mode, delta) }
     }
 
-    /// Where this thread's add goes, copied out so that the add itself
-    /// holds no reference to the counters (see [`Target`]).
+    /// [`try_add`](Self::try_add) through a pointer, for the put path.
+    ///
+    /// A put that is not the last one can still be running when another
+    /// thread's last put releases the ref and its owner frees it. Nothing
+    /// is read after the add commits, but a `&Counters` (or `&PercpuRef`)
+    /// held as a function argument across the add would still be a live
+    /// borrow of freed memory (undefined behaviour under Stacked and Tree
+    /// Borrows). So this copies out what the add needs (the slot address;
+    /// on the other backends, the shard) and commits through that; the only
+    /// references held across the add are to atomics (the mode word, a
+    /// shard), whose interior mutability makes that allowed, as for `Arc`'s
+    /// own counter.
+    ///
+    /// # Safety
+    ///
+    /// `this` points to live counters, and they stay alive until the add
+    /// commits (the caller holds a reference on the ref).
     #[inline(always)]
-    pub(crate) fn target(&self) -> Target {
-        match self {
-            #[cfg(percpu_ref_rseq)]
-            Counters::Rseq(r) => Target::Rseq(r.base()),
-            Counters::Sharded(s) => Target::Sharded(s.shard()),
-            #[cfg(loom)]
-            Counters::Model(s) => Target::Model(s),
+    pub(crate) unsafe fn try_add_raw(this: *const Self, mode: &AtomicUsize, delta: u64) -> bool {
+        #[cfg(percpu_ref_rseq)]
+        {
+            // SAFETY: `this` is live (the caller's contract); a plain copy
+            // of the field, no reference to the counters is formed.
+            let base = unsafe { (*this).fast_base };
+            if rseq::try_add_at(base, mode, delta) {
+                return true;
+            }
         }
+        // SAFETY: as above.
+        unsafe { Self::try_add_other(this, mode, delta) }
+    }
+
+    /// The backends other than rseq; on the rseq backend (whose section
+    /// found the mode atomic, or this CPU without a counter), nothing.
+    ///
+    /// # Safety
+    ///
+    /// As [`try_add_raw`](Self::try_add_raw).
+    #[inline(always)]
+    unsafe fn try_add_other(this: *const Self, mode: &AtomicUsize, delta: u64) -> bool {
+        let _ = mode;
+        // SAFETY: the caller's reference keeps `*this` alive; this borrow
+        // ends before the add, which goes through an atomic.
+        let shard: *const crate::sync::AtomicU64 = match unsafe { &(*this).kind } {
+            #[cfg(percpu_ref_rseq)]
+            Kind::Rseq(_) => return false,
+            Kind::Sharded(s) => s.shard(),
+            // Not run under Miri: the borrow may last across the add.
+            #[cfg(loom)]
+            Kind::Model(m) => return m.try_add(mode, delta),
+        };
+        // SAFETY: the caller keeps the shard alive up to the add.
+        sharded::try_add_at(unsafe { &*shard }, delta)
     }
 
     /// Waits until no `try_add` can count any more; returns the sum. On an
     /// error nothing was sealed.
     pub(crate) fn seal_and_sum(&self) -> std::io::Result<u64> {
-        match self {
+        match &self.kind {
             #[cfg(percpu_ref_rseq)]
-            Counters::Rseq(r) => r.seal_and_sum(),
-            Counters::Sharded(s) => Ok(s.seal_and_sum()),
+            Kind::Rseq(r) => r.seal_and_sum(),
+            Kind::Sharded(s) => Ok(s.seal_and_sum()),
             #[cfg(loom)]
-            Counters::Model(s) => Ok(s.seal_and_sum()),
+            Kind::Model(s) => Ok(s.seal_and_sum()),
         }
     }
 
     /// Zeroes every counter (mode is atomic and sealed, lock held).
     pub(crate) fn reset(&self) {
-        match self {
+        match &self.kind {
             #[cfg(percpu_ref_rseq)]
-            Counters::Rseq(r) => r.reset(),
-            Counters::Sharded(s) => s.reset(),
+            Kind::Rseq(r) => r.reset(),
+            Kind::Sharded(s) => s.reset(),
             #[cfg(loom)]
-            Counters::Model(s) => s.reset(),
+            Kind::Model(s) => s.reset(),
         }
     }
 
     /// Bytes of per-CPU storage this ref owns (for accounting and docs).
     pub(crate) fn storage_bytes(&self) -> usize {
-        match self {
+        match &self.kind {
             #[cfg(percpu_ref_rseq)]
-            Counters::Rseq(r) => r.storage_bytes(),
-            Counters::Sharded(s) => s.storage_bytes(),
+            Kind::Rseq(r) => r.storage_bytes(),
+            Kind::Sharded(s) => s.storage_bytes(),
             #[cfg(loom)]
-            Counters::Model(s) => s.storage_bytes(),
+            Kind::Model(s) => s.storage_bytes(),
         }
     }
 }

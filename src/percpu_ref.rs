@@ -56,7 +56,9 @@
 
 use crate::atomic_mode::{AddOutcome, AtomicCount, Fold, PutOutcome, BIAS, MAX_COUNT};
 use crate::flags::{Error, InitFlags};
-use crate::percpu::{backend, Backend, Counters, MODE_ATOMIC, MODE_DEAD, PERCPU_N_LIMIT};
+use crate::percpu::{
+    backend, Backend, Counters, MODE_ATOMIC, MODE_DEAD, MODE_LIMIT, PERCPU_N_LIMIT,
+};
 use crate::sync::{self, AtomicUsize, Mutex, MutexGuard, Ordering};
 use std::any::Any;
 use std::fmt;
@@ -197,18 +199,19 @@ impl PercpuRef {
         }
         let atomic = flags.contains(InitFlags::INIT_ATOMIC) || flags.contains(InitFlags::INIT_DEAD);
         let dead = flags.contains(InitFlags::INIT_DEAD);
+        let counters = Counters::new(backend, atomic);
         let mode = if dead {
             MODE_ATOMIC | MODE_DEAD
         } else if atomic {
             MODE_ATOMIC
         } else {
-            0
+            counters.percpu_mode()
         };
         let base = u64::from(!dead);
         let count = if atomic { base } else { BIAS + base };
         Ok(PercpuRef {
             mode: AtomicUsize::new(mode),
-            counters: Counters::new(backend, atomic),
+            counters,
             count: AtomicCount::new(count),
             switch: Mutex::new(SwitchState {
                 force_atomic: flags.contains(InitFlags::INIT_ATOMIC),
@@ -301,7 +304,7 @@ impl PercpuRef {
     /// A put that is not the last can still be running when another
     /// thread's last put releases the ref and the owner frees it. This path
     /// holds no `&PercpuRef` across its decrement: it copies what the
-    /// per-CPU add needs first (`percpu::Target`) and decrements the atomic
+    /// per-CPU add needs first (`Counters::try_add_raw`) and decrements the atomic
     /// counter through a reference to that atomic alone, and it forms
     /// `&PercpuRef` again only to call `release`, when its own put was the
     /// last. A `&self` method would keep a borrow of freed memory alive
@@ -318,12 +321,11 @@ impl PercpuRef {
             return;
         }
         // SAFETY: the caller's references keep `*this` alive until our
-        // decrement; the borrows formed here end before it, except the
-        // mode word's (an atomic: allowed to dangle, as `Arc`'s counter).
+        // decrement; no borrow formed here outlives it, except the mode
+        // word's (an atomic: allowed to dangle, as `Arc`'s counter).
         let counted = n < PERCPU_N_LIMIT
             && unsafe {
-                let target = (*this).counters.target();
-                target.try_add(&(*this).mode, n.wrapping_neg())
+                Counters::try_add_raw(&raw const (*this).counters, &(*this).mode, n.wrapping_neg())
             };
         if !counted {
             // SAFETY: as above.
@@ -770,10 +772,12 @@ impl PercpuRef {
                 confirm_panic: self.run_confirm(confirm),
             });
         }
+        // The rseq section's CPU bound goes to 0 with it (one compare tests both).
         // ordering-audit: Relaxed: an op that sees ATOMIC goes to the atomic counter, whose RMWs
         // read its latest value whatever this store's order; per-CPU adds made before it reach the
         // fold through the grace period, not through this store.
-        self.mode.store(mode | MODE_ATOMIC, Ordering::Relaxed);
+        self.mode
+            .store(mode & !MODE_LIMIT | MODE_ATOMIC, Ordering::Relaxed);
         self.count.add_temp_ref();
         let sum = match self.counters.seal_and_sum() {
             Ok(sum) => sum,
@@ -883,12 +887,14 @@ impl PercpuRef {
         }
         #[cfg(not(percpu_ref_mutant = "reset_after_mode_store"))]
         self.counters.reset();
-        // Release: a percpu op that reads the cleared bit sees zeroed counters.
+        // Release: a percpu op that reads the cleared bit (on rseq, the
+        // restored CPU bound) sees zeroed counters.
+        let percpu = mode & !MODE_ATOMIC | self.counters.percpu_mode();
         #[cfg(not(percpu_ref_mutant = "percpu_mode_store_relaxed"))]
-        self.mode.store(mode & !MODE_ATOMIC, Ordering::Release);
+        self.mode.store(percpu, Ordering::Release);
         // mutant percpu_mode_store_relaxed: publish the mode without release.
         #[cfg(percpu_ref_mutant = "percpu_mode_store_relaxed")]
-        self.mode.store(mode & !MODE_ATOMIC, Ordering::Relaxed);
+        self.mode.store(percpu, Ordering::Relaxed);
         // mutant reset_after_mode_store: zero the counters after going percpu.
         #[cfg(percpu_ref_mutant = "reset_after_mode_store")]
         self.counters.reset();

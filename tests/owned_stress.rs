@@ -166,7 +166,7 @@ fn freeze_unfreeze_under_sixteen_threads() {
             let (mut frozen, mut undone, mut seed) = (0usize, 0usize, 1u64);
             while !stop.load(Ordering::Relaxed) {
                 seed += 1;
-                if seed % 2 == 0 {
+                if seed.is_multiple_of(2) {
                     owner.freeze().rewrite(seed);
                     frozen += 1;
                 } else {
@@ -268,7 +268,7 @@ fn lookup_table_churn_under_sixteen_threads() {
                 let fresh = Owner::new(new_value(seed));
                 table.write().unwrap()[slot] = fresh.downgrade();
                 let old = std::mem::replace(&mut owners[slot], fresh);
-                if seed % 2 == 0 {
+                if seed.is_multiple_of(2) {
                     old.kill().wait().check();
                 } else {
                     drop(old); // the last reference drops T

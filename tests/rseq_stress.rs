@@ -2,11 +2,12 @@
 //! while workers are migrated between CPUs, hammered with signals, and the
 //! ref is switched and killed under them.
 //!
-//! The same workload runs three more ways, each as a subprocess of this
+//! The same workload runs four more ways, each as a subprocess of this
 //! test binary: with glibc's rseq registration disabled through
 //! `GLIBC_TUNABLES=glibc.pthread.rseq=0` (the sharded fallback must be
-//! chosen and stay exact), pinned to CPU 1 (as `taskset -c 1`: one CPU
-//! whose id is not 0), and in a forked child.
+//! chosen and stay exact), as if the C library had no rseq area at all
+//! (the sections arm the crate's stand-in area), pinned to CPU 1 (as
+//! `taskset -c 1`: one CPU whose id is not 0), and in a forked child.
 //!
 //! And one subprocess plays a container that under-reports the possible
 //! CPUs: pinned to CPU 1 with the possible-CPU count capped at 1, so the
@@ -353,6 +354,25 @@ fn fallback_when_glibc_rseq_is_disabled() {
         &[],
         &[
             ("GLIBC_TUNABLES", "glibc.pthread.rseq=0"),
+            ("PERCPU_REF_STRESS_EXPECT", "sharded"),
+        ],
+    );
+}
+
+/// A C library that reserves no rseq area (musl, glibc before 2.35): every
+/// ref's operations still run the rseq section first (its bound of 0 sends
+/// them on to the sharded backend), armed on the crate's stand-in area in
+/// static TLS. An invalid area (offset 0 arms `%fs:8`, glibc's `dtv`
+/// pointer) crashes this child.
+#[test]
+fn fallback_without_a_libc_rseq_area() {
+    if std::env::var_os("PERCPU_REF_STRESS_EXPECT").is_some() {
+        return; // already a child
+    }
+    run_child(
+        &[],
+        &[
+            ("PERCPU_REF_TEST_NO_LIBC_RSEQ_AREA", "1"),
             ("PERCPU_REF_STRESS_EXPECT", "sharded"),
         ],
     );

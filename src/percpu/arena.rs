@@ -26,8 +26,9 @@
 //! - Every chunk has the same number of regions, [`arena_cpus`]: read once
 //!   from [`possible_cpus`] (never from the CPUs this process may run on)
 //!   and fixed for the life of the process. [`Slot::sum`] and [`Slot::zero`]
-//!   cover exactly those regions, and the rseq fast path is given the same
-//!   number as its bound ([`fast_path_cpus`]).
+//!   cover exactly those regions, and a ref's mode word holds the same
+//!   number as the rseq fast path's bound while it is in percpu mode
+//!   (`Counters::percpu_mode`).
 //!
 //! # What the sizing trusts
 //!
@@ -37,10 +38,10 @@
 //! container that hides or trims `/sys/devices/system/cpu/possible` (and
 //! `/proc/stat`, `/proc/cpuinfo`) makes `sysconf` fall back to the
 //! affinity count, so a process allowed on CPU 1 alone may believe there is
-//! one CPU. The fast path therefore compares `cpu_id` with
-//! [`fast_path_cpus`] inside the critical section and takes the atomic path
-//! for any id at or above it: a wrong count costs speed (operations on the
-//! CPUs above it are atomic), never a write outside a chunk.
+//! one CPU. The fast path therefore compares `cpu_id` with that bound
+//! inside the critical section and takes the atomic path for any id at or
+//! above it: a wrong count costs speed (operations on the CPUs above it
+//! are atomic), never a write outside a chunk.
 //!
 //! # Fork
 //!
@@ -57,12 +58,11 @@
 //! chunk, an allocation; waiters spin briefly, then yield.
 
 use super::cpus::possible_cpus;
-use super::rseq_abi::FAST_PATH;
 use std::alloc::{self, Layout};
 use std::cell::UnsafeCell;
 use std::ops::{Deref, DerefMut};
 use std::ptr::NonNull;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 
 /// log2 of [`REGION`].
 pub(crate) const REGION_SHIFT: u32 = 12;
@@ -204,34 +204,19 @@ static REGISTER_FORK_HANDLERS: extern "C" fn() = register_fork_handlers;
 /// Taken once from [`possible_cpus`] (clamped to `1..=i32::MAX`, so that
 /// the fast path's unsigned compare also rejects every negative `cpu_id`)
 /// and never changed, so chunk sizes, sums, resets and the fast path's
-/// bound all agree. Kept in `FAST_PATH.arena_cpus` (0 until first set),
-/// next to the rseq offset that the fast path loads with it.
+/// bound all agree.
 pub(crate) fn arena_cpus() -> usize {
-    let n = FAST_PATH.arena_cpus.load(Ordering::Relaxed);
+    static ARENA_CPUS: AtomicUsize = AtomicUsize::new(0);
+    let n = ARENA_CPUS.load(Ordering::Relaxed);
     if n != 0 {
-        return n as usize;
+        return n;
     }
-    let want = possible_cpus().clamp(1, i32::MAX as usize) as u32;
+    let want = possible_cpus().clamp(1, i32::MAX as usize);
     // The first value stored wins (every caller computes the same one).
-    match FAST_PATH
-        .arena_cpus
-        .compare_exchange(0, want, Ordering::Relaxed, Ordering::Relaxed)
-    {
-        Ok(_) => want as usize,
-        Err(first) => first as usize,
+    match ARENA_CPUS.compare_exchange(0, want, Ordering::Relaxed, Ordering::Relaxed) {
+        Ok(_) => want,
+        Err(first) => first,
     }
-}
-
-/// The fast path's bound: a `cpu_id` at or above it has no region and must
-/// take the atomic path.
-///
-/// The same number as [`arena_cpus`], read without initialising: it is set
-/// before the first chunk is allocated, so every thread that holds a
-/// [`Slot`] (received through whatever synchronisation handed it the ref)
-/// reads the final value. One relaxed load of a read-mostly static.
-#[inline(always)]
-pub(crate) fn fast_path_cpus() -> u32 {
-    FAST_PATH.arena_cpus.load(Ordering::Relaxed)
 }
 
 fn chunk_layout() -> Layout {

@@ -9,7 +9,11 @@
 //! - an rseq section is a critical section on that CPU's lock: it reads the
 //!   mode word inside, returns `false` when `MODE_ATOMIC` is set, else adds
 //!   with a plain read-modify-write. A section runs on one CPU from start to
-//!   commit, as abort-and-restart guarantees;
+//!   commit, as abort-and-restart guarantees. (The real section compares
+//!   `cpu_id` with the CPU bound in the mode word's low half, which is 0
+//!   exactly when `MODE_ATOMIC` is set, and is non-zero for every modelled
+//!   CPU otherwise; a CPU above the bound takes the atomic path, which is
+//!   exact in either mode, so testing the flag loses no behaviour);
 //! - the grace period (`membarrier(PRIVATE_EXPEDITED_RSEQ)`) takes and
 //!   drops every CPU's lock in turn: a section either committed before the
 //!   grace period passed its CPU, or starts after and sees `MODE_ATOMIC`;

@@ -3,45 +3,62 @@
 //! # The fast path
 //!
 //! One restartable sequence (a critical section the kernel aborts if the
-//! thread is preempted, migrated or signalled inside it):
+//! thread is preempted, migrated or signalled inside it), inlined into
+//! every get and put:
 //!
 //! ```text
-//!     rseq->rseq_cs = &descriptor        // arms the section
+//!     rseq->rseq_cs = &descriptor             // arms the section
 //! start:
-//!     cpu  = rseq->cpu_id
-//!     if cpu >= ncpu (unsigned) goto out (not counted)
-//!     mode = *mode_word                  // loaded inside the section
-//!     if mode & MODE_ATOMIC goto end     (not counted)
-//!     *(slot + (cpu << REGION_SHIFT)) += delta // the commit: one instruction
-//! end:                                   // post-commit
+//!     cpu = rseq->cpu_id
+//!     if cpu >= (u32)*mode_word goto not_counted   // unsigned
+//!     *(base + (cpu << REGION_SHIFT)) += delta    // the commit: one instruction
+//! end:                                        // post-commit: counted
 //! ...
-//! out:                                   // outside the section
-//!     result = cpu < 0 ? UNREGISTERED : OUT_OF_ARENA; goto end
-//! abort:                                 // preceded by the 4-byte signature
-//!     result = ABORTED; goto end
+//! abort:                                      // preceded by the 4-byte signature
+//!     goto aborted                            // the Rust side retries
 //! ```
 //!
-//! No atomic read-modify-write: the add is a plain `add` to memory that only
+//! Nine instructions per operation, with the loads of the rseq offset and
+//! of the slot address (`scripts/callgrind-pair` counts them), and no
+//! atomic read-modify-write: the add is a plain `add` to memory that only
 //! threads running on this CPU touch, and the kernel guarantees that a
 //! thread interrupted before the commit never commits (it restarts at
-//! `abort`, and the Rust side retries).
+//! `abort`). `not_counted` and `aborted` are Rust labels (`asm!` goto), so
+//! the counted case falls through with no result to test.
 //!
-//! # The bound
+//! # One compare for the mode, the bound and the backend
 //!
-//! `ncpu` is the number of regions the arena's chunks were sized with
-//! ([`arena::fast_path_cpus`](super::arena::fast_path_cpus)), passed in a
-//! register. The possible-CPU count it comes from is trusted for speed,
-//! never for memory safety: a container can under-report it, and then a
-//! thread on a CPU above it would add past the end of its chunk. The one
-//! unsigned compare sends every such `cpu_id` to the atomic path, and also
-//! every negative one (a thread whose rseq registration failed: `cpu_id`
-//! is -1 or -2), so the section indexes only regions that exist. Inside
-//! the section it costs nothing: its compare and branch replace the sign
-//! test that an unregistered thread needs anyway. Outside it, each
-//! operation loads the bound with a relaxed load from the read-mostly
-//! static that also holds the rseq offset (`rseq_abi::FAST_PATH`: one base
-//! address, one cache line) and passes it in a register: one instruction
-//! per operation (callgrind: 38 to 40 instructions per get+put pair).
+//! The low half of the mode word is the ref's CPU bound
+//! ([`MODE_LIMIT`](super::MODE_LIMIT)): the arena's region count while a
+//! ref on this backend is in percpu mode, 0 in atomic mode and on every
+//! other backend. `cpu_id < bound`, unsigned, is therefore false for
+//!
+//! - a ref in atomic mode (the kernel's `__PERCPU_REF_ATOMIC` test);
+//! - a CPU at or above the arena's region count: the possible-CPU count
+//!   the arena was sized with is trusted for speed, never for memory
+//!   safety (a container can under-report it, and a thread on a CPU above
+//!   it would otherwise add past the end of its chunk);
+//! - a thread whose rseq registration failed (`cpu_id` is -1 or -2, above
+//!   any bound <= `i32::MAX` as unsigned);
+//! - a ref on another backend, which then counts its own way
+//!   (`Counters::try_add_other`): choosing the backend costs the rseq path
+//!   nothing.
+//!
+//! The kernel needs no bound (its per-CPU offsets come from a segment
+//! register) and keeps the mode bits in the low bits of
+//! `percpu_count_ptr`; here the bound shares the mode's load and branch
+//! instead, and the slot address is a second word (`Counters::fast_base`).
+//!
+//! # Every process has an area to arm
+//!
+//! Refs on the sharded backend run the section too, so it must be safe to
+//! arm in every process, including one where rseq is not available: the
+//! offset is then glibc's unregistered area, which glibc reserves in every
+//! thread whatever the registration did, or, where the C library has none
+//! (glibc before 2.35, musl), a stand-in area in this crate's own
+//! thread-local storage (`rseq_abi::rseq_offset`). No kernel reads either,
+//! and every bound is 0 there, so the section only ever finds "not
+//! counted".
 //!
 //! # Threads
 //!
@@ -57,31 +74,20 @@
 //!
 //! # Why a switch is exact
 //!
-//! The switcher stores `MODE_ATOMIC`, then waits out
+//! The switcher stores `MODE_ATOMIC` (and a bound of 0), then waits out
 //! [`grace_period`](super::rseq_abi::grace_period) (`membarrier` with the
-//! RSEQ flag). A section that loaded the old mode is then either committed,
-//! and its add visible to the switcher's sum, or aborted and retried, in
-//! which case it loads `MODE_ATOMIC` and is not counted. After the grace
-//! period nothing writes the slot until the mode goes back to percpu, which
-//! first zeroes it ([`reset`](RseqCounters::reset)) and then clears the bit
-//! with a release store; x86's loads are acquire loads, so a section that
-//! sees the bit clear sees the zeroes.
+//! RSEQ flag). A section that loaded the old bound is then either
+//! committed, and its add visible to the switcher's sum, or aborted and
+//! retried, in which case it loads the new one and is not counted. After
+//! the grace period nothing writes the slot until the mode goes back to
+//! percpu, which first zeroes it ([`reset`](RseqCounters::reset)) and then
+//! stores the bound with a release store; x86's loads are acquire loads,
+//! so a section that sees the bound sees the zeroes.
 
 use super::arena::{self, Slot, REGION_SHIFT};
 use super::rseq_abi::{self, CPU_ID_OFFSET, RSEQ_CS_OFFSET};
 use crate::sync::AtomicUsize;
 use std::arch::asm;
-
-/// Result bit: the kernel aborted the section; retry.
-const ABORTED: u32 = 1 << 30;
-/// Result bit: this thread has no registered rseq area (`cpu_id` < 0).
-const UNREGISTERED: u32 = 1 << 31;
-/// Result bit: `cpu_id` is at or above the arena's CPU count (the
-/// possible-CPU count was under-reported): this CPU has no region.
-const OUT_OF_ARENA: u32 = 1 << 29;
-/// Result bits that mean "not counted": `MODE_ATOMIC`, an unregistered
-/// thread, a CPU without a region, or an abort.
-const NOT_COUNTED: u32 = super::MODE_ATOMIC as u32 | UNREGISTERED | OUT_OF_ARENA | ABORTED;
 
 pub(crate) struct RseqCounters {
     slot: Slot,
@@ -101,16 +107,6 @@ impl RseqCounters {
         self.slot.base()
     }
 
-    #[cfg(test)]
-    fn try_add(&self, mode: &AtomicUsize, delta: u64) -> bool {
-        try_add_at(self.base(), mode, delta)
-    }
-
-    #[cfg(test)]
-    fn section(&self, mode: &AtomicUsize, delta: u64, ncpu: u32) -> u32 {
-        section(self.base(), mode, delta, ncpu)
-    }
-
     pub(crate) fn seal_and_sum(&self) -> std::io::Result<u64> {
         rseq_abi::grace_period()?;
         Ok(self.slot.sum())
@@ -125,73 +121,81 @@ impl RseqCounters {
     }
 }
 
-/// Adds `delta` to this CPU's counter of the slot at `base` if `mode` is
-/// percpu (the backend's `try_add`). Takes the slot's address rather than
-/// `&RseqCounters`, so that no borrow of the ref is live while the add
-/// commits (see `percpu::Target`); arena memory itself is never freed.
+/// What one run of the section did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Section {
+    Counted,
+    /// The bound in the mode word is at or below `cpu_id` (see the module
+    /// docs); nothing was written.
+    NotCounted,
+    /// The kernel restarted the section; nothing was written.
+    Aborted,
+}
+
+/// Adds `delta` to this CPU's counter of the slot at `base` if the bound in
+/// `mode` admits this CPU (the backend's `try_add`). Takes the slot's
+/// address rather than `&RseqCounters`, so that no borrow of the ref is
+/// live while the add commits (see `Counters::try_add_raw`); arena memory
+/// itself is never freed. `base` may be anything when the bound is 0.
 #[inline(always)]
 pub(crate) fn try_add_at(base: *mut u8, mode: &AtomicUsize, delta: u64) -> bool {
-    let ncpu = arena::fast_path_cpus();
-    let r = section(base, mode, delta, ncpu);
-    r & NOT_COUNTED == 0 || try_add_slow(base, mode, delta, ncpu, r)
+    match section(base, mode, delta) {
+        Section::Counted => true,
+        Section::NotCounted => false,
+        Section::Aborted => retry_after_abort(base, mode, delta),
+    }
 }
 
-/// After an abort, retry until the section commits or finds the mode
-/// atomic (or this thread unregistered, or on a CPU without a region).
+/// After an abort, retry until the section commits or finds the bound
+/// below this CPU.
 #[cold]
 #[inline(never)]
-fn try_add_slow(base: *mut u8, mode: &AtomicUsize, delta: u64, ncpu: u32, mut r: u32) -> bool {
-    while r & ABORTED != 0 {
+fn retry_after_abort(base: *mut u8, mode: &AtomicUsize, delta: u64) -> bool {
+    loop {
         rseq_abi::record_abort();
-        r = section(base, mode, delta, ncpu);
+        match section(base, mode, delta) {
+            Section::Counted => return true,
+            Section::NotCounted => return false,
+            Section::Aborted => {}
+        }
     }
-    r & NOT_COUNTED == 0
 }
 
-/// Runs the critical section once on the slot whose CPU-0 counter is at
-/// `base` (an arena slot), with `ncpu` as the bound on `cpu_id`;
-/// returns the mode word as loaded in it (counted when `MODE_ATOMIC` is
-/// clear), [`UNREGISTERED`], [`OUT_OF_ARENA`] or [`ABORTED`].
+/// Runs the critical section once: adds `delta` to the counter of this
+/// CPU at `base + (cpu_id << REGION_SHIFT)` if `cpu_id` is below the bound
+/// in the low 32 bits of `mode`.
 ///
-/// `ncpu` must be at most [`arena::arena_cpus`] (the regions this
-/// slot's chunk has) and at most `i32::MAX`; the fast path passes
-/// exactly [`arena::fast_path_cpus`], tests pass less.
-///
-/// `cpu_id` and the mode are tested separately: or-ing them into one
-/// word (one instruction less) would read CPU 1's id as `MODE_ATOMIC`
-/// and send every operation on odd CPUs to the atomic path.
+/// The bound is either 0 or at most [`arena::arena_cpus`] (the regions
+/// the slot's chunk has) and at most `i32::MAX`: `Counters::percpu_mode`
+/// is the only non-zero value a mode word holds.
 #[inline(always)]
-fn section(base: *mut u8, mode: &AtomicUsize, delta: u64, ncpu: u32) -> u32 {
-    debug_assert!(ncpu as usize <= arena::arena_cpus() && ncpu <= i32::MAX as u32);
-    let result: u32;
-    // SAFETY: `rseq_offset` locates glibc's registered rseq area of this
-    // thread (`available()` held when these counters were made); the
-    // section writes only `rseq_cs` there, as the ABI intends. The
-    // descriptor lives in the `__rseq_cs` section, 32-byte aligned, with
-    // `abort_ip` outside [start_ip, post_commit) and preceded by glibc's
-    // x86 signature 0x53053053. The store that arms the section is the
-    // instruction right before `start_ip`, so an interrupt after it
-    // lands inside the section. The commit writes the slot's counter
-    // for `cpu_id` only when `cpu_id` < `ncpu` as unsigned numbers
-    // (every negative id, read as unsigned, is above `ncpu` <=
-    // i32::MAX), and `ncpu` is at most the number of regions the slot's
-    // chunk has, so the write is inside the chunk whatever the kernel
-    // reports; only this CPU's threads write that counter, and the
-    // kernel aborts any that is interrupted before the commit. `mode` is
-    // read, never written.
+fn section(base: *mut u8, mode: &AtomicUsize, delta: u64) -> Section {
+    // SAFETY: `rseq_offset` locates this thread's rseq area: glibc's,
+    // registered or not, or the stand-in in static TLS (`rseq_abi`), set
+    // before any ref existed; the section writes only `rseq_cs` there, as
+    // the ABI intends. The descriptor lives in the `__rseq_cs` section,
+    // 32-byte aligned, with `abort_ip` outside [start_ip, post_commit) and
+    // preceded by glibc's x86 signature 0x53053053. The store that arms the
+    // section is the instruction right before `start_ip`, so an interrupt
+    // after it lands inside the section. The commit writes the slot's
+    // counter for `cpu_id` only when `cpu_id` is below the mode word's
+    // bound as unsigned 32-bit numbers (every negative id is above any
+    // bound <= i32::MAX), and a non-zero bound is at most the number of
+    // regions of the slot's chunk, so the write is inside the chunk
+    // whatever the kernel reports; only this CPU's threads write that
+    // counter, and the kernel aborts any that is interrupted before the
+    // commit. `mode` is read, never written (x86 is little-endian: the
+    // dword at its address is the bound).
     unsafe {
         asm!(
             "lea {tmp}, [rip + 3f]",
             "mov qword ptr fs:[{off} + {cs}], {tmp}",
             "4:",
             "mov {tmp:e}, dword ptr fs:[{off} + {cpu_id}]",
-            "cmp {tmp:e}, {ncpu:e}",
-            "jae 7f",
-            "mov {res:e}, dword ptr [{mode}]",
-            "test {res:e}, {atomic}",
-            "jnz 5f",
+            "cmp {tmp:e}, dword ptr [{mode}]",
+            "jae {not_counted}",
             "shl {tmp}, {shift}",
-            "add qword ptr [{slot} + {tmp}], {delta}",
+            "add qword ptr [{base} + {tmp}], {delta}",
             "5:",
             ".pushsection __rseq_cs, \"aw\"",
             ".balign 32",
@@ -200,36 +204,29 @@ fn section(base: *mut u8, mode: &AtomicUsize, delta: u64, ncpu: u32) -> u32 {
             ".quad 4b, 5b - 4b, 6f",
             ".popsection",
             ".pushsection .text.unlikely.percpu_ref_rseq_abort, \"ax\"",
-            "7:",
-            "mov {res:e}, {out_of_arena}",
-            "test {tmp:e}, {tmp:e}",
-            "jns 5b",
-            "mov {res:e}, {unregistered}",
-            "jmp 5b",
             ".byte 0x0f, 0xb9, 0x3d",
             ".long 0x53053053",
             "6:",
-            "mov {res:e}, {aborted}",
-            "jmp 5b",
+            "jmp {aborted}",
             ".popsection",
             off = in(reg) rseq_abi::rseq_offset(),
             mode = in(reg) mode.as_ptr(),
-            slot = in(reg) base,
+            base = in(reg) base,
             delta = in(reg) delta,
-            ncpu = in(reg) ncpu,
             tmp = out(reg) _,
-            res = out(reg) result,
             cs = const RSEQ_CS_OFFSET,
             cpu_id = const CPU_ID_OFFSET,
             shift = const REGION_SHIFT,
-            atomic = const super::MODE_ATOMIC as u32,
-            unregistered = const UNREGISTERED,
-            out_of_arena = const OUT_OF_ARENA,
-            aborted = const ABORTED,
+            not_counted = label {
+                return Section::NotCounted;
+            },
+            aborted = label {
+                return Section::Aborted;
+            },
             options(nostack),
         );
     }
-    result
+    Section::Counted
 }
 
 #[cfg(test)]
@@ -269,10 +266,10 @@ mod tests {
     }
 
     /// Runs the section until the kernel does not abort it.
-    fn section_once(c: &RseqCounters, mode: &AtomicUsize, delta: u64, ncpu: u32) -> u32 {
+    fn section_once(c: &RseqCounters, mode: &AtomicUsize, delta: u64) -> Section {
         loop {
-            let r = c.section(mode, delta, ncpu);
-            if r & ABORTED == 0 {
+            let r = section(c.base(), mode, delta);
+            if r != Section::Aborted {
                 return r;
             }
         }
@@ -280,9 +277,10 @@ mod tests {
 
     /// Issue 10, item 4: the arena believes there is one CPU (a container
     /// that under-reports the possible CPUs) and the thread runs on CPU 1.
-    /// The section must not count, must say why, and must write nothing:
-    /// without the bound it added into the region of CPU 1, which such an
-    /// arena does not have (heap memory past the chunk).
+    /// The section must not count and must write nothing: without the
+    /// bound it added into the region of CPU 1, which such an arena does
+    /// not have (heap memory past the chunk). Since issue 14 the bound is
+    /// the low half of the mode word.
     #[test]
     fn cpu_at_or_above_the_arena_bound_is_not_counted_and_writes_nothing() {
         if !rseq_abi::available() {
@@ -296,30 +294,30 @@ mod tests {
         std::thread::spawn(|| {
             pin_to(1);
             let c = RseqCounters::new();
-            let percpu = AtomicUsize::new(0);
             // Bound 1: CPU 1 has no region.
+            let bound_1 = AtomicUsize::new(1);
             for _ in 0..10_000 {
-                let r = section_once(&c, &percpu, 1, 1);
-                assert_eq!(r, OUT_OF_ARENA, "CPU 1 counted past a 1-CPU bound");
-                assert!(!try_add_slow(c.base(), &percpu, 1, 1, r));
+                let r = section_once(&c, &bound_1, 1);
+                assert_eq!(r, Section::NotCounted, "CPU 1 counted past a 1-CPU bound");
+                assert!(!try_add_at(c.base(), &bound_1, 1));
             }
             for cpu in 0..arena::arena_cpus() {
                 assert_eq!(c.slot.load(cpu), 0, "region of CPU {cpu} was written");
             }
-            // Bound 0 (no chunk sized yet): nothing counts anywhere.
-            assert_eq!(section_once(&c, &percpu, 1, 0), OUT_OF_ARENA);
-            // The arena's own bound: CPU 1 counts in its region, in place.
-            let r = section_once(&c, &percpu, 5, arena::fast_path_cpus());
-            assert_eq!(r & NOT_COUNTED, 0, "CPU 1 refused below the bound");
+            // Bound 0 (atomic mode, or another backend): nothing counts.
+            let bound_0 = AtomicUsize::new(0);
+            assert_eq!(section_once(&c, &bound_0, 1), Section::NotCounted);
+            // The mode word of a percpu ref: CPU 1 counts in its region.
+            let percpu = AtomicUsize::new(arena::arena_cpus());
+            assert_eq!(section_once(&c, &percpu, 5), Section::Counted);
             assert_eq!(c.slot.load(1), 5);
             assert_eq!(c.slot.load(0), 0);
-            // The bound applies to a mode word that is atomic too.
-            let atomic = AtomicUsize::new(super::super::MODE_ATOMIC);
-            assert_eq!(section_once(&c, &atomic, 1, 1), OUT_OF_ARENA);
-            assert_eq!(
-                section_once(&c, &atomic, 1, 2),
-                super::super::MODE_ATOMIC as u32
-            );
+            // Atomic mode: the flag sits above the bound, which is 0.
+            let atomic = AtomicUsize::new(super::super::MODE_ATOMIC | super::super::MODE_DEAD);
+            assert_eq!(section_once(&c, &atomic, 1), Section::NotCounted);
+            // Only the low half is the bound: a flag above it is not one.
+            let flags_only = AtomicUsize::new(super::super::MODE_ATOMIC | 1);
+            assert_eq!(section_once(&c, &flags_only, 1), Section::NotCounted);
             assert_eq!(c.seal_and_sum().unwrap(), 5);
         })
         .join()
@@ -361,16 +359,16 @@ mod tests {
                     );
                 }
                 let c = RseqCounters::new();
-                let percpu = AtomicUsize::new(0);
+                let percpu = AtomicUsize::new(arena::arena_cpus());
                 for _ in 0..1000 {
                     assert!(
-                        c.try_add(&percpu, 1),
+                        try_add_at(c.base(), &percpu, 1),
                         "the fast path refused to count on CPU {cpu}"
                     );
                 }
                 let atomic = AtomicUsize::new(super::super::MODE_ATOMIC);
                 assert!(
-                    !c.try_add(&atomic, 1),
+                    !try_add_at(c.base(), &atomic, 1),
                     "counted in atomic mode on CPU {cpu}"
                 );
                 assert_eq!(c.seal_and_sum().unwrap(), 1000);

@@ -47,7 +47,7 @@
 //! accepts the membarrier registration. Otherwise the whole process uses
 //! the sharded backend.
 
-use std::sync::atomic::{AtomicBool, AtomicIsize, AtomicU32, AtomicU64, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicIsize, AtomicU64, AtomicU8, Ordering};
 
 /// Offset of `cpu_id` in `struct rseq`.
 pub(crate) const CPU_ID_OFFSET: usize = 4;
@@ -61,22 +61,9 @@ const MEMBARRIER_CMD_QUERY: libc::c_int = 0;
 const MEMBARRIER_CMD_PRIVATE_EXPEDITED_RSEQ: libc::c_int = 1 << 7;
 const MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED_RSEQ: libc::c_int = 1 << 8;
 
-/// The values the fast path loads on every operation, side by side: one
-/// address serves both (a register less in a loop, so the rest of the code
-/// around it compiles as before) and they share a cache line.
-#[repr(C)]
-pub(crate) struct FastPathStatics {
-    /// `__rseq_offset`, valid once [`available`] returned true.
-    rseq_offset: AtomicIsize,
-    /// The arena's CPU count, its fast-path bound: owned by
-    /// `arena::arena_cpus`, 0 until the first chunk is sized.
-    pub(crate) arena_cpus: AtomicU32,
-}
-
-pub(crate) static FAST_PATH: FastPathStatics = FastPathStatics {
-    rseq_offset: AtomicIsize::new(0),
-    arena_cpus: AtomicU32::new(0),
-};
+/// Where the fast path finds this thread's rseq area, as an offset from
+/// the thread pointer (see [`rseq_offset`]); 0 until [`available`] ran.
+static RSEQ_OFFSET: AtomicIsize = AtomicIsize::new(0);
 /// Set only by the instruction-counting hook: no membarrier, one thread.
 static FORCED: AtomicBool = AtomicBool::new(false);
 /// Fast-path attempts the kernel aborted (and that were retried).
@@ -113,28 +100,98 @@ pub(crate) fn available() -> bool {
     }
 }
 
-/// glibc's `__rseq_offset`. Only meaningful once [`available`] is true.
+/// Where the fast path arms its section: glibc's `__rseq_offset` when
+/// glibc exports it (registered or not: glibc reserves the area in every
+/// thread), else the offset of [`STAND_IN`]. Valid in every process once
+/// [`available`] has run, which every ref's constructor calls first: refs
+/// on the sharded backend run the section too (their bound of 0 makes it
+/// count nothing), so an area to arm must exist even where rseq does not.
 #[inline(always)]
 pub(crate) fn rseq_offset() -> isize {
-    FAST_PATH.rseq_offset.load(Ordering::Relaxed)
+    RSEQ_OFFSET.load(Ordering::Relaxed)
 }
 
 fn detect() -> bool {
-    let Some((offset, size)) = glibc_rseq_area() else {
+    let area = glibc_rseq_area();
+    // The same value in every racing thread (the process's glibc decides
+    // it), stored before the answer that publishes it.
+    RSEQ_OFFSET.store(
+        area.map_or_else(stand_in_offset, |(offset, _)| offset),
+        Ordering::Relaxed,
+    );
+    let Some((offset, size)) = area else {
         return false;
     };
     if size < MIN_RSEQ_SIZE || current_cpu_id(offset) < 0 {
         return false;
     }
-    if !membarrier_register() {
-        return false;
+    membarrier_register()
+}
+
+// The stand-in rseq area: 32 zeroed bytes in every thread's static TLS
+// block, for processes whose C library reserves none (musl, glibc before
+// 2.35). No kernel knows it, so the only effect of arming a section there
+// is the store itself, and a `cpu_id` of 0 never passes a bound of 0,
+// the only bound a mode word holds in such a process. The initial-exec
+// model (`@GOTTPOFF`) makes its offset from the thread pointer the same
+// in every thread: a library loaded with `dlopen` gets it from the static
+// TLS surplus, or fails to load, but is never handed an area at a
+// different offset. The symbol is hidden and carries the crate version,
+// so that two copies of the crate in one program do not clash.
+std::arch::global_asm!(
+    ".pushsection .tbss.percpu_ref_stand_in_rseq_area,\"awT\",@nobits",
+    ".balign 32",
+    concat!(
+        ".globl percpu_ref_stand_in_rseq_area_",
+        env!("CARGO_PKG_VERSION")
+    ),
+    concat!(
+        ".hidden percpu_ref_stand_in_rseq_area_",
+        env!("CARGO_PKG_VERSION")
+    ),
+    concat!(
+        ".type percpu_ref_stand_in_rseq_area_",
+        env!("CARGO_PKG_VERSION"),
+        ", @tls_object"
+    ),
+    concat!(
+        ".size percpu_ref_stand_in_rseq_area_",
+        env!("CARGO_PKG_VERSION"),
+        ", 32"
+    ),
+    concat!(
+        "percpu_ref_stand_in_rseq_area_",
+        env!("CARGO_PKG_VERSION"),
+        ":"
+    ),
+    ".zero 32",
+    ".popsection",
+);
+
+/// The offset of the stand-in area from the thread pointer.
+fn stand_in_offset() -> isize {
+    let offset: isize;
+    // SAFETY: loads the linker-provided TLS offset of the area defined
+    // above from the GOT; reads nothing else.
+    unsafe {
+        std::arch::asm!(
+            concat!("mov {}, qword ptr [rip + percpu_ref_stand_in_rseq_area_", env!("CARGO_PKG_VERSION"), "@GOTTPOFF]"),
+            out(reg) offset,
+            options(nostack, readonly, preserves_flags),
+        );
     }
-    FAST_PATH.rseq_offset.store(offset, Ordering::Relaxed);
-    true
+    offset
 }
 
 /// `(__rseq_offset, __rseq_size)`, when this glibc exports them.
+///
+/// The hidden variable `PERCPU_REF_TEST_NO_LIBC_RSEQ_AREA` (tests only)
+/// makes it answer as musl or a glibc before 2.35 would, so that the
+/// stand-in area is tested on this machine.
 fn glibc_rseq_area() -> Option<(isize, u32)> {
+    if std::env::var_os("PERCPU_REF_TEST_NO_LIBC_RSEQ_AREA").is_some() {
+        return None;
+    }
     // SAFETY: dlsym with RTLD_DEFAULT and NUL-terminated names only looks
     // symbols up; it returns null when they are absent.
     let (off, size) = unsafe {
@@ -254,7 +311,7 @@ pub fn rseq_aborts() -> u64 {
 pub unsafe fn force_fake_area_for_instruction_counting() {
     let area: &'static mut [u64; 4] = Box::leak(Box::new([0u64; 4]));
     let offset = (area.as_mut_ptr() as usize).wrapping_sub(thread_pointer()) as isize;
-    FAST_PATH.rseq_offset.store(offset, Ordering::Relaxed);
+    RSEQ_OFFSET.store(offset, Ordering::Relaxed);
     FORCED.store(true, Ordering::Relaxed);
     assert!(
         // ordering-audit: kept: publishes the offset (Release); instruction
@@ -264,4 +321,47 @@ pub unsafe fn force_fake_area_for_instruction_counting() {
             .is_ok(),
         "force_fake_area_for_instruction_counting: the backend was already chosen"
     );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// This thread's stand-in area.
+    fn stand_in_area() -> *mut u64 {
+        thread_pointer().wrapping_add_signed(stand_in_offset()) as *mut u64
+    }
+
+    /// The stand-in area is 32 zeroed, aligned bytes of static TLS, one per
+    /// thread at the same offset: an offset that pointed anywhere else
+    /// (such as 0, the TCB itself) would have the sections of a process
+    /// without an rseq area write into memory that is not theirs.
+    #[test]
+    fn stand_in_area_is_this_threads_own_static_tls() {
+        let offset = stand_in_offset();
+        // x86_64 uses TLS variant II: static TLS blocks lie below the TCB.
+        assert!(offset < 0, "stand-in offset {offset} is not in static TLS");
+        let mine = stand_in_area();
+        assert_eq!(mine as usize % 32, 0, "stand-in area misaligned");
+        // SAFETY: the area is this thread's 32 bytes of TLS, 8-aligned;
+        // nothing else in this test process touches it.
+        unsafe {
+            assert_eq!(std::slice::from_raw_parts(mine, 4), &[0; 4]);
+            mine.add(1).write_volatile(0x5eed);
+        }
+        let (theirs, seen) = std::thread::spawn(move || {
+            assert_eq!(stand_in_offset(), offset, "the offset is per process");
+            let area = stand_in_area();
+            // SAFETY: as above, for the new thread's own area.
+            (area as usize, unsafe { area.add(1).read_volatile() })
+        })
+        .join()
+        .unwrap();
+        assert_ne!(theirs, mine as usize, "two threads share one area");
+        assert_eq!(seen, 0, "a new thread's area is not zeroed");
+        // SAFETY: as above.
+        assert_eq!(unsafe { mine.add(1).read_volatile() }, 0x5eed);
+        // SAFETY: as above; the area goes back to its initial state.
+        unsafe { mine.add(1).write_volatile(0) };
+    }
 }
