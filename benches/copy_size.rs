@@ -2,7 +2,8 @@
 //! threads pinned one per CPU loop on get, memcpy of `size` bytes, put, on
 //! one shared object; "atomic" is an `AtomicUsize`, "percpu" a `PercpuRef`
 //! on the process default backend (and on the sharded backend too when the
-//! default is another one).
+//! default is another one), and "floor" the same loop with no counting, so
+//! that each counter's cost is its time above the floor.
 //!
 //! Each criterion iteration is one loop on *every* thread, timed with
 //! `iter_custom` as the slowest thread's busy time, and the throughput is
@@ -37,6 +38,7 @@ fn kinds() -> Vec<Kind> {
     if percpu_ref::backend() != Backend::Sharded {
         k.push(Kind::Percpu(Backend::Sharded));
     }
+    k.push(Kind::None);
     k
 }
 
@@ -57,7 +59,7 @@ fn copy_size(c: &mut Criterion) {
 
 criterion_group! {
     name = benches;
-    // 6 sizes x 2+ kinds x every thread count: keep each point short by
+    // 6 sizes x 3+ kinds x every thread count: keep each point short by
     // default; the command line (--measurement-time ...) overrides this.
     config = Criterion::default()
         .warm_up_time(Duration::from_millis(500))

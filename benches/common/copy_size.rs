@@ -12,10 +12,17 @@
 //!   (`atomic_inc` / `atomic_dec_and_test`).
 //! - "percpu" is [`PercpuRef::get`] / [`PercpuRef::put`] on one ref, on a
 //!   chosen backend.
+//! - "floor" is the same loop with no counting at all (get and put do
+//!   nothing): what the copy, the loop and the stop-flag checks cost by
+//!   themselves. Subtracting it from the other two is what makes the table
+//!   comparable across CPUs: where the copy costs several ns and a counter
+//!   adds well under one, the one-CPU throughput columns compare two small
+//!   overheads hidden under the copy.
 //!
-//! In both cases the object holds a base reference for the whole run, so
-//! the count never reaches zero, and after the run the harness checks that
-//! every get was matched by a put (the count is exactly the base again).
+//! For atomic and percpu the object holds a base reference for the whole
+//! run, so the count never reaches zero, and after the run the harness
+//! checks that every get was matched by a put (the count is exactly the
+//! base again).
 //!
 //! The copy is a real `memcpy` of `size` bytes between two buffers owned by
 //! the thread; `black_box` on the size and on both buffers keeps the
@@ -35,21 +42,24 @@ use std::time::{Duration, Instant};
 /// Iterations between two looks at the stop flag.
 const BATCH: u64 = 64;
 
-/// What is counted: the kernel's two columns.
+/// What is counted: the kernel's two columns, and the floor under them.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Kind {
     /// One shared `AtomicUsize` (`atomic_t`).
     Atomic,
     /// A [`PercpuRef`] on this backend.
     Percpu(Backend),
+    /// No counting: the same loop with a get and put that do nothing.
+    None,
 }
 
 impl Kind {
-    /// A short name: `atomic`, or the backend's name.
+    /// A short name: `atomic`, `percpu/<backend>` or `floor`.
     pub fn name(self) -> String {
         match self {
             Kind::Atomic => "atomic".to_string(),
             Kind::Percpu(b) => format!("percpu/{b}"),
+            Kind::None => "floor".to_string(),
         }
     }
 }
@@ -107,6 +117,22 @@ impl Counter for AtomicCounter {
                 "atomic: count is {c} after the run, expected 1 (the base reference)"
             )),
         }
+    }
+}
+
+/// The floor: a counter that counts nothing, so that the loop around it is
+/// the other kinds' loop minus their get and put.
+pub struct NoCounter;
+
+impl Counter for NoCounter {
+    #[inline(always)]
+    fn get(&self) {}
+
+    #[inline(always)]
+    fn put(&self) {}
+
+    fn check_balanced(&self) -> Result<(), String> {
+        Ok(())
     }
 }
 
@@ -277,6 +303,7 @@ fn run(kind: Kind, threads: usize, size: usize, stop: Stop) -> Result<Vec<Worker
     match kind {
         Kind::Atomic => run_on(Arc::new(AtomicCounter::new()), threads, size, stop),
         Kind::Percpu(b) => run_on(Arc::new(PercpuCounter::new(b)?), threads, size, stop),
+        Kind::None => run_on(Arc::new(NoCounter), threads, size, stop),
     }
 }
 

@@ -4,13 +4,20 @@
 //! {"machine": "...", "cpu_model": "...", "kernel": "...", "cpus": [0, 1],
 //!  "default_backend": "sharded", "duration_ms": 800, "reps": 3,
 //!  "unit": "loops per second, summed over threads",
-//!  "threads": [1, 2], "sizes": [0, 32], "kinds": ["atomic", "percpu/sharded"],
+//!  "threads": [1, 2], "sizes": [0, 32],
+//!  "kinds": ["atomic", "percpu/sharded", "floor"],
 //!  "cells": [{"kind": "atomic", "threads": 1, "size": 0, "median": 1.0,
 //!             "min": 1.0, "max": 1.0, "spread_pct": 0.0, "min_cpu_share": 0.998,
-//!             "samples": [1.0]}]}
+//!             "samples": [1.0], "ns_per_loop": 1.000,
+//!             "overhead_ns": 0.500, "overhead_ns_lo": 0.400, "overhead_ns_hi": 0.600}],
+//!  "explanation": "On 1 CPU the copy itself ..."}
 //! ```
+//!
+//! `ns_per_loop` is `1e9 x threads / median`; `overhead_ns` is that minus
+//! the floor's in the same cell, as measured (it can be negative), with the
+//! range the runs give in `_lo` / `_hi`; all three are null for the floor.
 
-use crate::results::Results;
+use crate::results::{Overhead, Results};
 use std::fmt::Write;
 
 /// `s` as a JSON string literal.
@@ -32,8 +39,13 @@ pub fn string(s: &str) -> String {
 
 /// A finite number (JSON has no NaN or infinity: those become null).
 fn number(x: f64) -> String {
+    decimals(x, 1)
+}
+
+/// `number` with `d` decimals: ns values need more than loop counts.
+fn decimals(x: f64, d: usize) -> String {
     if x.is_finite() {
-        format!("{x:.1}")
+        format!("{x:.d$}")
     } else {
         "null".to_string()
     }
@@ -82,10 +94,13 @@ pub fn render(r: &Results) -> String {
         .cells
         .iter()
         .map(|c| {
+            let o = r.overhead(c.kind, c.threads, c.size);
+            let ons = |f: fn(&Overhead) -> f64| decimals(o.as_ref().map_or(f64::NAN, f), 3);
             format!(
                 "    {{\"kind\": {}, \"threads\": {}, \"size\": {}, \"median\": {}, \
                  \"min\": {}, \"max\": {}, \"spread_pct\": {}, \"min_cpu_share\": {:.3}, \
-                 \"samples\": {}}}",
+                 \"samples\": {}, \"ns_per_loop\": {}, \"overhead_ns\": {}, \
+                 \"overhead_ns_lo\": {}, \"overhead_ns_hi\": {}}}",
                 string(&c.kind.name()),
                 c.threads,
                 c.size,
@@ -95,11 +110,19 @@ pub fn render(r: &Results) -> String {
                 number(c.spread_pct()),
                 c.min_cpu_share(),
                 list(&c.samples, |&x| number(x)),
+                decimals(c.ns_per_loop(), 3),
+                ons(|o| o.ns),
+                ons(|o| o.lo),
+                ons(|o| o.hi),
             )
         })
         .collect();
     out += &cells.join(",\n");
-    out += "\n  ]\n}\n";
+    out += "\n  ]";
+    if let Some(p) = crate::explain::paragraph(r) {
+        let _ = write!(out, ",\n  \"explanation\": {}", string(&p));
+    }
+    out += "\n}\n";
     out
 }
 
@@ -120,15 +143,29 @@ mod tests {
         assert_eq!(j.matches("\"kind\": ").count(), r.cells.len());
         assert!(j.contains("\"cpu_model\": \"Test \\\"CPU\\\"\""), "{j}");
         assert!(
-            j.contains("\"kinds\": [\"atomic\", \"percpu/sharded\"]"),
+            j.contains("\"kinds\": [\"atomic\", \"percpu/sharded\", \"floor\"]"),
             "{j}"
         );
         assert!(
             j.contains(
                 "{\"kind\": \"atomic\", \"threads\": 1, \"size\": 0, \"median\": 100000000.0, \
              \"min\": 99000000.0, \"max\": 102000000.0, \"spread_pct\": 3.0, \"min_cpu_share\": 0.990, \"samples\": \
-             [99000000.0, 100000000.0, 102000000.0]}"
+             [99000000.0, 100000000.0, 102000000.0], \"ns_per_loop\": 10.000, \
+             \"overhead_ns\": 9.000, \"overhead_ns_lo\": 8.794, \"overhead_ns_hi\": 9.121}"
             ),
+            "{j}"
+        );
+        // The floor has a cost but no overhead.
+        assert!(
+            j.contains(
+                "\"samples\": [1980000000.0, 2000000000.0, 2040000000.0], \
+                 \"ns_per_loop\": 1.000, \"overhead_ns\": null, \"overhead_ns_lo\": null, \
+                 \"overhead_ns_hi\": null}"
+            ),
+            "{j}"
+        );
+        assert!(
+            j.contains("\"explanation\": \"On 1 CPU the copy itself"),
             "{j}"
         );
         // Outside string literals, brackets and braces balance.

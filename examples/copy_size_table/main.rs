@@ -6,9 +6,12 @@
 //!   bench): the pinned threads, the timed loop, the balance check;
 //! - `options`: the command line;
 //! - `results`: the measured matrix and its medians;
-//! - `table`: the kernel's text tables and a markdown table;
+//! - `table`: the kernel's text tables and a markdown table, with the
+//!   floor and each counter's overhead above it beside the kernel's columns;
+//! - `explain`: the paragraph after the tables, computed from the run;
 //! - `json`, `svg`: the other outputs.
 
+mod explain;
 #[path = "../../benches/common/copy_size.rs"]
 mod harness;
 mod json;
@@ -138,23 +141,46 @@ mod tests {
             reps: 2,
             threads: threads.clone(),
             sizes: vec![0, 64],
-            kinds: vec![Kind::Atomic, Kind::Percpu(percpu_ref::backend())],
+            kinds: vec![
+                Kind::Atomic,
+                Kind::Percpu(percpu_ref::backend()),
+                Kind::None,
+            ],
             format: Format::Tables,
             svg: None,
             scale: options::Scale::Log,
         };
         let mut lines = Vec::new();
         let r = run(&opts, cpus, &mut |l| lines.push(l)).unwrap();
-        assert_eq!(lines.len(), 1 + 2 * 2 * threads.len() * 2);
+        assert_eq!(lines.len(), 1 + 2 * 2 * threads.len() * 3);
+        // The floor is measured like the others, interleaved with them: every
+        // cell's atomic run is followed by its percpu run, then its floor run.
+        for three in lines[1..].chunks(3) {
+            let names = ["atomic", "percpu/", "floor"];
+            for (line, name) in three.iter().zip(names) {
+                assert!(line.contains(&format!(" {name}")), "{name}: {line}");
+            }
+        }
+        assert_eq!(r.cells.len(), 2 * threads.len() * 3);
         for c in &r.cells {
             assert_eq!(c.samples.len(), 2, "{c:?}");
             assert!(c.samples.iter().all(|&s| s > 0.0), "{c:?}");
             assert_eq!(c.cpu_shares.len(), 2, "{c:?}");
             assert!(c.cpu_shares.iter().all(|&s| s > 0.0 && s <= 1.0), "{c:?}");
         }
+        for &t in &threads {
+            for s in [0, 64] {
+                let o = r.overhead(Kind::Atomic, t, s).expect("floor measured");
+                assert!(o.ns.is_finite() && o.lo <= o.ns && o.ns <= o.hi, "{o:?}");
+                assert!(r.ns_per_loop(Kind::None, t, s) > 0.0);
+            }
+        }
         let t = table::tables(&r);
         assert!(t.contains("One CPU.\ncopy size"), "{t}");
+        assert!(t.contains("   floor ns   atomic +ns   percpu +ns\n"), "{t}");
+        assert!(t.contains("\nOn 1 CPU the copy itself"), "{t}");
         assert!(json::render(&r).contains("\"reps\": 2"));
+        assert!(table::markdown(&r).contains("| 1 CPU floor ns | 1 CPU atomic +ns |"));
         assert!(svg::render(&r, options::Scale::Log).contains("<polyline"));
     }
 
@@ -163,5 +189,19 @@ mod tests {
         let n = harness::allowed_cpus().len();
         let e = harness::measure(Kind::Atomic, n + 1, 0, Duration::from_millis(1)).unwrap_err();
         assert!(e.contains("pinned one per CPU"), "{e}");
+        let e = harness::measure(Kind::None, n + 1, 0, Duration::from_millis(1)).unwrap_err();
+        assert!(e.contains("pinned one per CPU"), "{e}");
+    }
+
+    /// The floor runs the loop for real, on every CPU: timed (the table) and
+    /// for a fixed number of loops (the criterion bench).
+    #[test]
+    fn the_floor_runs_the_same_loop() {
+        let n = harness::allowed_cpus().len();
+        let s = harness::measure(Kind::None, n, 64, Duration::from_millis(20)).unwrap();
+        assert!(s.ops > 0 && s.ops_per_sec > 0.0, "{s:?}");
+        assert!(s.cpu_share > 0.0 && s.cpu_share <= 1.0, "{s:?}");
+        assert!(harness::time_iters(Kind::None, n, 64, 1000) > Duration::ZERO);
+        assert_eq!(Kind::None.name(), "floor");
     }
 }

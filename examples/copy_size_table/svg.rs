@@ -1,6 +1,8 @@
 //! A hand-written SVG plot: throughput against thread count, one line per
 //! kind at the smallest copy size (solid) and at the largest (dashed), and
-//! the ideal linear scaling of percpu as a dotted grey line.
+//! the ideal linear scaling of percpu as a dotted grey line. The floor is
+//! one of the kinds: its line is the ceiling the counters are measured
+//! against.
 
 use crate::harness::Kind;
 use crate::options::Scale;
@@ -146,7 +148,7 @@ pub fn render(r: &Results, scale: Scale) -> String {
     let _ = writeln!(
         s,
         "<text x=\"{}\" y=\"22\" text-anchor=\"middle\" font-size=\"14\">get + memcpy + put \
-         loops per second, atomic vs percpu ({} y axis)</text>",
+         loops per second, atomic vs percpu vs floor ({} y axis)</text>",
         (LEFT + W - RIGHT) / 2.0,
         if scale == Scale::Log { "log" } else { "linear" }
     );
@@ -254,6 +256,7 @@ fn name(r: &Results, k: Kind) -> String {
     match k {
         Kind::Atomic => "atomic".to_string(),
         Kind::Percpu(b) => format!("{} ({b})", r.heading(k)),
+        Kind::None => "floor (no counting)".to_string(),
     }
 }
 
@@ -296,9 +299,10 @@ mod tests {
         for scale in [Scale::Log, Scale::Linear] {
             let svg = render(&r, scale);
             assert!(svg.starts_with("<svg ") && svg.ends_with("</svg>\n"));
-            // 2 kinds x 2 sizes, plus the ideal line, plus the frame.
-            assert_eq!(svg.matches("<polyline").count(), 4 + 1 + 1, "{svg}");
-            assert_eq!(svg.matches("<circle").count(), 2 * 2 * 2);
+            // 3 kinds x 2 sizes, plus the ideal line, plus the frame.
+            assert_eq!(svg.matches("<polyline").count(), 6 + 1 + 1, "{svg}");
+            assert_eq!(svg.matches("<circle").count(), 3 * 2 * 2);
+            assert!(svg.contains("floor (no counting), copy size 0"));
             assert!(svg.contains("Test &quot;CPU&quot;"));
             assert!(svg.contains("atomic, copy size 512"));
             assert!(!svg.contains("busy machine"));
@@ -316,10 +320,17 @@ mod tests {
     fn log_axis_spans_whole_decades() {
         let r = sample_results();
         let ax = axes(&r, &[0, 512], Scale::Log);
+        // The floor on 2 CPUs at size 0 (2e9) sets the top.
         assert_eq!(ax.y_lo, 1e7);
-        assert_eq!(ax.y_hi, 1e9);
-        assert_eq!(ax.y_ticks(), vec![1e7, 2e7, 5e7, 1e8, 2e8, 5e8, 1e9]);
+        assert_eq!(ax.y_hi, 1e10);
+        assert_eq!(ax.y_ticks(), vec![1e7, 1e8, 1e9, 1e10]);
         assert!((ax.y(1e7) - (H - BOTTOM)).abs() < 1e-9);
-        assert!((ax.y(1e9) - TOP).abs() < 1e-9);
+        assert!((ax.y(1e10) - TOP).abs() < 1e-9);
+        // Without the floor, few decades get 2x and 5x marks too.
+        let mut r = r;
+        r.kinds.retain(|&k| k != Kind::None);
+        r.cells.retain(|c| c.kind != Kind::None);
+        let ax = axes(&r, &[0, 512], Scale::Log);
+        assert_eq!(ax.y_ticks(), vec![1e7, 2e7, 5e7, 1e8, 2e8, 5e8, 1e9]);
     }
 }

@@ -1,4 +1,6 @@
-//! Text outputs: the kernel's three tables, and one markdown table.
+//! Text outputs: the kernel's three tables, and one markdown table, each
+//! with the floor and the overhead columns beside the kernel's, and the
+//! paragraph of `explain` after them.
 //!
 //! The kernel's format (2013 cgroup css refcount measurement):
 //!
@@ -41,6 +43,15 @@ pub fn diff_pct(new: f64, base: f64) -> f64 {
     }
 }
 
+/// A percent difference with its sign and separators: `+10,554.87%`.
+pub fn pct(d: f64) -> String {
+    if d.is_nan() {
+        return "n/a".to_string();
+    }
+    let sign = if d < 0.0 { "-" } else { "+" };
+    format!("{sign}{}%", thousands(d.abs()))
+}
+
 /// A column of percent differences, sign first and magnitudes aligned
 /// after it, as the kernel prints them: `+10,554.87%`, `+ 4,671.51%`.
 fn diff_column(diffs: &[f64]) -> Vec<String> {
@@ -63,6 +74,21 @@ fn diff_column(diffs: &[f64]) -> Vec<String> {
             format!("{sign}{m:>w$}%")
         })
         .collect()
+}
+
+/// ns with two decimals, as measured (negative included); `n/a` when a
+/// cell was not measured.
+pub fn ns(x: f64) -> String {
+    if x.is_finite() {
+        format!("{x:.2}")
+    } else {
+        "n/a".to_string()
+    }
+}
+
+/// A counter's overhead above the floor, as [`ns`] prints it.
+fn overhead_ns(r: &Results, k: Kind, threads: usize, size: usize) -> String {
+    ns(r.overhead(k, threads, size).map_or(f64::NAN, |o| o.ns))
 }
 
 /// Lays out rows under headings: the first column left-aligned, the others
@@ -129,6 +155,33 @@ fn count_table(r: &Results, threads: usize) -> String {
             .collect();
         headings.push("diff in pct".into());
         columns.push(diff_column(&diffs));
+    }
+    // Beside the kernel's columns: the floor, and what each counter adds to
+    // it, in the unit in which they add up.
+    if r.has_floor() {
+        headings.push("floor".into());
+        columns.push(
+            r.sizes
+                .iter()
+                .map(|&s| format!("{:.0}", r.median(Kind::None, threads, s)))
+                .collect(),
+        );
+        headings.push("floor ns".into());
+        columns.push(
+            r.sizes
+                .iter()
+                .map(|&s| ns(r.ns_per_loop(Kind::None, threads, s)))
+                .collect(),
+        );
+        for k in r.counter_kinds() {
+            headings.push(format!("{} +ns", r.heading(k)));
+            columns.push(
+                r.sizes
+                    .iter()
+                    .map(|&s| overhead_ns(r, k, threads, s))
+                    .collect(),
+            );
+        }
     }
     layout(&headings, &columns, 11)
 }
@@ -214,6 +267,16 @@ fn preamble(r: &Results) -> String {
         m.reps,
         m.duration.as_millis()
     );
+    if r.has_floor() {
+        let _ = writeln!(
+            s,
+            "floor = the same loop with no counting (get and put do nothing), measured \
+             alongside.\n\
+             floor ns = its ns per loop per thread (1e9 x threads / loops per second); \
+             atomic +ns, percpu +ns = ns per loop per thread\nabove the floor, as measured \
+             (negative where the counting costs less than the run-to-run noise)."
+        );
+    }
     let share = r.min_cpu_share();
     if share < BUSY_SHARE {
         let _ = writeln!(
@@ -249,6 +312,10 @@ pub fn tables(r: &Results) -> String {
         r.meta.reps
     );
     out += &spread_table(r);
+    if let Some(p) = crate::explain::paragraph(r) {
+        out += "\n";
+        out += &crate::explain::wrap(&p, 78);
+    }
     out
 }
 
@@ -279,15 +346,17 @@ pub fn markdown(r: &Results) -> String {
                 }
                 v
             });
-    for &t in &groups {
-        let cpus = if t == 1 {
-            "1 CPU".into()
+    let cpus = |t: usize| {
+        if t == 1 {
+            "1 CPU".to_string()
         } else {
             format!("{t} CPUs")
-        };
-        head.push(format!("{cpus} atomic"));
+        }
+    };
+    for &t in &groups {
+        head.push(format!("{} atomic", cpus(t)));
         for k in r.percpu_kinds() {
-            head.push(format!("{cpus} {}", r.heading(k)));
+            head.push(format!("{} {}", cpus(t), r.heading(k)));
             head.push("diff".into());
         }
     }
@@ -295,6 +364,16 @@ pub fn markdown(r: &Results) -> String {
     if with_ratio {
         for &k in &r.kinds {
             head.push(format!("{max}/1 {}", r.heading(k)));
+        }
+    }
+    // After the kernel's columns (so that they line up with the kernel's
+    // own table): the floor and each counter's overhead above it, in ns.
+    if r.has_floor() {
+        for &t in &groups {
+            head.push(format!("{} floor ns", cpus(t)));
+            for k in r.counter_kinds() {
+                head.push(format!("{} {} +ns", cpus(t), r.heading(k)));
+            }
         }
     }
     let _ = writeln!(out, "| {} |", head.join(" | "));
@@ -307,14 +386,20 @@ pub fn markdown(r: &Results) -> String {
             for k in r.percpu_kinds() {
                 let p = r.median(k, t, s);
                 row.push(format!("{p:.0}"));
-                let d = diff_pct(p, a);
-                let sign = if d < 0.0 { "-" } else { "+" };
-                row.push(format!("{sign}{}%", thousands(d.abs())));
+                row.push(pct(diff_pct(p, a)));
             }
         }
         if with_ratio {
             for &k in &r.kinds {
                 row.push(format!("{:.2}", ratio(r, k, max, s)));
+            }
+        }
+        if r.has_floor() {
+            for &t in &groups {
+                row.push(ns(r.ns_per_loop(Kind::None, t, s)));
+                for k in r.counter_kinds() {
+                    row.push(overhead_ns(r, k, t, s));
+                }
             }
         }
         let _ = writeln!(out, "| {} |", row.join(" | "));
@@ -326,6 +411,14 @@ pub fn markdown(r: &Results) -> String {
             "\nWarning: a thread was on a CPU only {:.0}% of the time in some runs (busy machine).",
             share * 100.0
         );
+    }
+    if r.has_floor() {
+        out += "\n\"floor ns\" is the loop with no counting, in ns per loop per thread; \
+                \"+ns\" columns are what each counter adds above it, as measured.\n";
+    }
+    if let Some(p) = crate::explain::paragraph(r) {
+        out += "\n";
+        out += &crate::explain::wrap(&p, 78);
     }
     out
 }
@@ -358,12 +451,15 @@ mod tests {
         let r = sample_results();
         let t = tables(&r);
         for want in [
-            "One CPU.\ncopy size       atomic       percpu  diff in pct\n",
-            "All 2 CPUs.\ncopy size       atomic       percpu  diff in pct\n",
-            "All 2 CPUs.\n",
-            "Ratio of all cores / single core.\ncopy size  atomic  percpu\n",
+            "One CPU.\ncopy size       atomic       percpu  diff in pct        floor     floor ns   \
+             atomic +ns   percpu +ns\n",
+            "All 2 CPUs.\ncopy size       atomic       percpu  diff in pct        floor",
+            "Ratio of all cores / single core.\ncopy size  atomic  percpu   floor\n",
             // percpu = 300e6 / (1 + 512 / 128) at 2 threads = 120e6; ratio 2.
-            "512          0.50    2.00\n",
+            "512          0.50    2.00    2.00\n",
+            "floor = the same loop with no counting",
+            "floor@2\n",
+            "\nOn 1 CPU the copy itself",
             "+200.00%",
             "sharded backend (the process default)",
             "Spread (max - min) / median over 3 runs.",
@@ -372,13 +468,21 @@ mod tests {
             assert!(!t.contains("WARNING"), "{t}");
             assert!(t.contains(want), "missing {want:?} in\n{t}");
         }
-        // One CPU, size 0: atomic 100e6, percpu 300e6.
+        // One CPU, size 0: atomic 100e6, percpu 300e6, floor 1e9, i.e.
+        // 10, 3.33 and 1 ns per loop: 9 and 2.33 ns above the floor.
         assert!(
-            t.contains("0            100000000    300000000     +200.00%"),
+            t.contains(
+                "0            100000000    300000000     +200.00%   1000000000         1.00         \
+                 9.00         2.33\n"
+            ),
             "{t}"
         );
+        // Two CPUs: atomic 40 ns per loop per thread, 39 above the floor.
         assert!(
-            t.contains("0             50000000    600000000   +1,100.00%"),
+            t.contains(
+                "0             50000000    600000000   +1,100.00%   2000000000         1.00        \
+                 39.00         2.33\n"
+            ),
             "{t}"
         );
     }
@@ -389,13 +493,42 @@ mod tests {
         let rows: Vec<&str> = md.lines().filter(|l| l.starts_with('|')).collect();
         assert_eq!(rows.len(), 2 + 2, "{md}");
         assert!(rows[0].contains("| 1 CPU atomic | 1 CPU percpu | diff | 2 CPUs atomic"));
-        assert!(rows[0].ends_with("| 2/1 atomic | 2/1 percpu |"));
+        // The kernel's columns first, as in the kernel's own table, then the
+        // floor and the overheads.
+        assert!(rows[0].contains("| 2/1 atomic | 2/1 percpu | 2/1 floor | 1 CPU floor ns |"));
+        assert!(rows[0].ends_with(
+            "| 1 CPU floor ns | 1 CPU atomic +ns | 1 CPU percpu +ns \
+             | 2 CPUs floor ns | 2 CPUs atomic +ns | 2 CPUs percpu +ns |"
+        ));
         assert!(
             rows[2].starts_with("| 0 | 100000000 | 300000000 | +200.00% |"),
             "{md}"
         );
+        assert!(
+            rows[2].ends_with("| 0.50 | 2.00 | 2.00 | 1.00 | 9.00 | 2.33 | 1.00 | 39.00 | 2.33 |"),
+            "{md}"
+        );
+        assert!(md.contains("\nOn 1 CPU the copy itself"), "{md}");
         assert!(md.contains("Test \"CPU\", 2 CPUs, Linux 6.0"));
         assert!(!md.contains("Warning"));
+    }
+
+    #[test]
+    fn overheads_print_as_measured() {
+        assert_eq!(ns(-0.126), "-0.13");
+        assert_eq!(ns(f64::NAN), "n/a");
+        assert_eq!(pct(-3.2), "-3.20%");
+        assert_eq!(pct(10554.873), "+10,554.87%");
+        // A counter measured faster than the floor: printed negative, not 0.
+        let mut r = sample_results();
+        let floor = r.cell(Kind::None, 1, 0).unwrap().samples.clone();
+        r.cell_mut(Kind::Atomic, 1, 0).unwrap().samples = floor.iter().map(|x| x * 1.25).collect();
+        assert!(tables(&r).contains("1.00        -0.20         2.33\n"));
+        assert!(markdown(&r).contains("| 1.00 | -0.20 | 2.33 |"));
+        // Without a floor, no overhead columns (and no paragraph).
+        r.kinds.retain(|&k| k != Kind::None);
+        assert!(!tables(&r).contains("+ns"));
+        assert!(!markdown(&r).contains("+ns"));
     }
 
     #[test]
