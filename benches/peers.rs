@@ -1,0 +1,637 @@
+//! `PercpuRef` against the crates a Rust user would pick instead, and
+//! against the floor of its own design.
+//!
+//! Rows, each at 1 thread and at all CPUs (`available_parallelism`; with
+//! more than one thread, each is pinned to its own allowed CPU), all
+//! threads on *one* shared object:
+//! - `floor`: a minimal restartable sequence written inline below (Linux
+//!   x86_64 with glibc's rseq area registered; otherwise the row is skipped
+//!   with the reason printed);
+//! - `percpu_ref`: [`PercpuRef::get`] + [`PercpuRef::put`] on one ref made
+//!   by [`PercpuRef::new`], so on the process default backend;
+//! - `arc`: `Arc::clone` + drop;
+//! - `arc_swap_load`: `ArcSwap::load` and drop of its guard, on one
+//!   `ArcSwap<u64>` (arc-swap's read side: a thread-local debt slot, no
+//!   shared write while the slot is free);
+//! - `epoch_pin`: `crossbeam_epoch::pin` and drop of its guard (the shared
+//!   object is crossbeam's default collector).
+//!
+//! One criterion iteration is one operation pair *per thread*, timed as the
+//! slowest thread from a common start, as in `benches/fast_path.rs`.
+//!
+//! # Why the floor is the floor
+//!
+//! It is the crate's fast path with everything taken away that the design
+//! does not need: per operation, arm the section, read `cpu_id`, one
+//! unsigned compare of it against a limit held in the mode word (which
+//! rejects atomic mode, an unregistered thread and a CPU without a
+//! counter in one branch), one shift and one add to this CPU's counter.
+//! The rseq offset, the counter base and the mode word's address are
+//! loaded once before the timed loop, not per operation, and there is no
+//! backend dispatch and no result to test after the section. No per-CPU
+//! refcount that keeps the kernel's guarantees can do less per operation,
+//! so `percpu_ref / floor` is what the rest of the crate's fast path costs.
+//!
+//! It is the floor in instructions, not necessarily in time: a get and
+//! its put add to the same CPU's counter, each add a load-add-store that
+//! waits for the previous one's store, and where that chain bounds the
+//! pair the fast path's extra loads hide in its shadow. The floor can
+//! then measure level with `percpu_ref` or a little above it (it did on
+//! the 2-vCPU development machine, where reloading its handle before every
+//! add brought it level): a ratio at or below 1 says the extra
+//! instructions cost nothing there, not that the crate beats its floor.
+//!
+//! # Output
+//!
+//! After criterion, a summary table: ns per operation pair per thread,
+//! median of 5 runs per row and thread count (the runs together last about
+//! `PERCPU_REF_SUMMARY_MS` milliseconds, default 200; 0 skips the summary),
+//! then the ratios the project's issue sets targets for: `percpu_ref /
+//! floor`, and each peer over `percpu_ref`. The ratios depend on the CPU
+//! (how much a locked read-modify-write and a contended cache line cost
+//! against a plain add), on how many CPUs there are and, in a VM, on the
+//! hypervisor: compare them on one machine, not across machines.
+//!
+//! ```text
+//! cargo bench --bench peers -- --warm-up-time 0.3 --measurement-time 1
+//! ```
+//!
+//! The floor's section jumps to Rust labels from `asm!` (asm goto), as the
+//! crate's own fast path does: Rust 1.87 or newer.
+
+use arc_swap::ArcSwap;
+use criterion::{BenchmarkId, Criterion, Throughput};
+use percpu_ref::PercpuRef;
+use std::hint::black_box;
+use std::sync::{Arc, Barrier};
+use std::time::{Duration, Instant};
+
+/// The summary's runs per row and thread count (odd, for a plain median).
+const RUNS: usize = 5;
+
+/// One operation pair on a shared object.
+trait Pair: Sync {
+    fn pair(&self);
+
+    /// `iters` pairs: the timed loop. `black_box` on the object each pair,
+    /// as in `benches/fast_path.rs`, keeps the optimiser from hoisting work
+    /// on it out of the loop; the floor overrides this, since hoisting the
+    /// constant loads is what makes it the floor.
+    #[inline(always)]
+    fn pairs(&self, iters: u64) {
+        for _ in 0..iters {
+            black_box(self).pair();
+        }
+    }
+
+    /// Runs after every timed run, with no thread inside the object.
+    fn check(&self) {}
+}
+
+struct Percpu(PercpuRef);
+impl Pair for Percpu {
+    #[inline(always)]
+    fn pair(&self) {
+        self.0.get();
+        self.0.put();
+    }
+}
+
+struct ArcPair(Arc<u64>);
+impl Pair for ArcPair {
+    #[inline(always)]
+    fn pair(&self) {
+        drop(black_box(Arc::clone(&self.0)));
+    }
+}
+
+struct ArcSwapLoad(ArcSwap<u64>);
+impl Pair for ArcSwapLoad {
+    #[inline(always)]
+    fn pair(&self) {
+        drop(black_box(self.0.load()));
+    }
+}
+
+struct EpochPin;
+impl Pair for EpochPin {
+    #[inline(always)]
+    fn pair(&self) {
+        drop(black_box(crossbeam_epoch::pin()));
+    }
+}
+
+#[cfg(all(target_os = "linux", target_arch = "x86_64"))]
+mod floor {
+    //! The floor: one restartable sequence per operation, inline.
+
+    use std::alloc::{alloc_zeroed, dealloc, handle_alloc_error, Layout};
+    use std::arch::asm;
+    use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+
+    /// log2 of the bytes between two CPUs' counters: one page per CPU, as
+    /// the crate's arena lays them out, so no two CPUs share a line.
+    const SHIFT: u32 = 12;
+
+    pub struct Floor {
+        /// glibc's `__rseq_offset`: the rseq area from the thread pointer.
+        off: isize,
+        /// CPU c's counter is the u64 at `base + (c << SHIFT)`.
+        base: *mut u8,
+        layout: Layout,
+        ncpu: usize,
+        /// The low 32 bits are the limit `cpu_id` must be below: `ncpu`
+        /// (percpu mode); 0 would be atomic mode. Read by the section only.
+        mode: AtomicUsize,
+        /// What the section could not count (it should count everything).
+        fallback: AtomicU64,
+        not_counted: AtomicU64,
+    }
+
+    // SAFETY: `base` is owned by the `Floor` and only written through the
+    // section, each CPU's counter by the threads on that CPU, the kernel
+    // restarting any add that is interrupted; it is read in `balance` only
+    // after the writing threads were joined. The other fields are atomics
+    // or never written after `new`.
+    unsafe impl Sync for Floor {}
+
+    /// The per-thread copy of what the section needs, taken before the
+    /// timed loop so that the loop holds it in registers.
+    #[derive(Clone, Copy)]
+    struct Handle<'a> {
+        off: isize,
+        base: *mut u8,
+        mode: *const usize,
+        floor: &'a Floor,
+    }
+
+    impl Floor {
+        /// The floor, or why this process cannot run it.
+        pub fn new() -> Result<Floor, String> {
+            let off = rseq_offset()?;
+            let cpu = current_cpu_id(off);
+            if cpu < 0 {
+                return Err(format!(
+                    "this thread's rseq area is not registered (cpu_id {cpu})"
+                ));
+            }
+            // The crate's own count (highest possible CPU id + 1, from
+            // /sys/devices/system/cpu/possible): the arena it sizes is
+            // what the crate's fast path indexes, so the floor indexes the
+            // same number of pages.
+            let ncpu = percpu_ref::possible_cpus();
+            // Below i32::MAX, every negative `cpu_id` (unregistered) reads
+            // as unsigned at or above the limit.
+            let limit = u32::try_from(ncpu)
+                .ok()
+                .filter(|&n| n < i32::MAX as u32)
+                .ok_or_else(|| format!("{ncpu} possible CPUs"))?;
+            let layout =
+                Layout::from_size_align(ncpu << SHIFT, 1 << SHIFT).map_err(|e| e.to_string())?;
+            // SAFETY: the layout's size is at least one page (ncpu >= 1).
+            let base = unsafe { alloc_zeroed(layout) };
+            if base.is_null() {
+                handle_alloc_error(layout);
+            }
+            let floor = Floor {
+                off,
+                base,
+                layout,
+                ncpu,
+                mode: AtomicUsize::new(limit as usize),
+                fallback: AtomicU64::new(0),
+                not_counted: AtomicU64::new(0),
+            };
+            // The balance check after each run passes if nothing is ever
+            // counted; show once that the section does count.
+            let h = floor.handle();
+            h.add(1);
+            let counted = floor.balance();
+            h.add(1u64.wrapping_neg());
+            if counted != 1 || floor.not_counted() != 0 {
+                return Err(format!(
+                    "self-test: one add counted {counted} ({} not counted)",
+                    floor.not_counted()
+                ));
+            }
+            Ok(floor)
+        }
+
+        fn handle(&self) -> Handle<'_> {
+            Handle {
+                off: self.off,
+                base: self.base,
+                mode: self.mode.as_ptr(),
+                floor: self,
+            }
+        }
+
+        /// Gets minus puts, over every CPU's counter and the fallback.
+        fn balance(&self) -> u64 {
+            (0..self.ncpu)
+                .map(|c| {
+                    // SAFETY: CPU c's counter is inside the allocation
+                    // (c < ncpu), 8-aligned, and no thread is inside a
+                    // section (the runs joined their threads).
+                    unsafe { self.base.add(c << SHIFT).cast::<u64>().read() }
+                })
+                .fold(self.fallback.load(Ordering::Relaxed), u64::wrapping_add)
+        }
+
+        /// Operations that took the fallback so far.
+        pub fn not_counted(&self) -> u64 {
+            self.not_counted.load(Ordering::Relaxed)
+        }
+    }
+
+    impl Drop for Floor {
+        fn drop(&mut self) {
+            // SAFETY: allocated in `new` with this layout, freed once.
+            unsafe { dealloc(self.base, self.layout) }
+        }
+    }
+
+    impl Handle<'_> {
+        /// Adds `delta` (wrapping) to this CPU's counter.
+        #[inline(always)]
+        fn add(self, delta: u64) {
+            loop {
+                // SAFETY: `off` is glibc's `__rseq_offset` and this
+                // thread's area is registered (glibc registers every
+                // thread; an unregistered one has cpu_id -1 and is sent
+                // to the fallback by the compare); the section writes only
+                // `rseq_cs` there, as the ABI intends. The descriptor is
+                // in `__rseq_cs`, 32-byte aligned, and `abort_ip` lies
+                // outside [start_ip, post_commit) right after glibc's x86
+                // signature 0x53053053. The arming store is the last
+                // instruction before `start_ip`, so a preemption after it
+                // lands in the section. The add writes CPU `cpu_id`'s
+                // counter only when `cpu_id` < the limit in `mode` (= ncpu
+                // < i32::MAX, unsigned), so inside the allocation; only
+                // this CPU's threads write it, and the kernel restarts an
+                // add that is interrupted before it commits.
+                unsafe {
+                    asm!(
+                        "lea {tmp}, [rip + 3f]",
+                        "mov qword ptr fs:[{off} + 8], {tmp}",
+                        "4:",
+                        "mov {tmp:e}, dword ptr fs:[{off} + 4]",
+                        "cmp {tmp:e}, dword ptr [{mode}]",
+                        "jae {not_counted}",
+                        "shl {tmp}, {shift}",
+                        "add qword ptr [{base} + {tmp}], {delta}",
+                        "5:",
+                        ".pushsection __rseq_cs, \"aw\"",
+                        ".balign 32",
+                        "3:",
+                        ".long 0, 0",
+                        ".quad 4b, 5b - 4b, 6f",
+                        ".popsection",
+                        ".pushsection .text.unlikely.peers_floor_abort, \"ax\"",
+                        ".byte 0x0f, 0xb9, 0x3d",
+                        ".long 0x53053053",
+                        "6:",
+                        "jmp {aborted}",
+                        ".popsection",
+                        off = in(reg) self.off,
+                        mode = in(reg) self.mode,
+                        base = in(reg) self.base,
+                        delta = in(reg) delta,
+                        shift = const SHIFT,
+                        tmp = out(reg) _,
+                        not_counted = label {
+                            self.floor.fallback.fetch_add(delta, Ordering::Relaxed);
+                            self.floor.not_counted.fetch_add(1, Ordering::Relaxed);
+                        },
+                        aborted = label {
+                            continue;
+                        },
+                        options(nostack),
+                    );
+                }
+                return;
+            }
+        }
+    }
+
+    impl super::Pair for Floor {
+        #[inline(always)]
+        fn pair(&self) {
+            self.pairs(1);
+        }
+
+        #[inline(always)]
+        fn pairs(&self, iters: u64) {
+            let h = self.handle();
+            for _ in 0..iters {
+                h.add(1);
+                h.add(1u64.wrapping_neg());
+            }
+        }
+
+        fn check(&self) {
+            assert_eq!(self.balance(), 0, "floor: gets and puts do not balance");
+        }
+    }
+
+    /// glibc's `__rseq_offset`, if glibc registered an rseq area.
+    fn rseq_offset() -> Result<isize, String> {
+        // SAFETY: dlsym with RTLD_DEFAULT and NUL-terminated names only
+        // looks symbols up; it returns null when they are absent.
+        let (off, size) = unsafe {
+            (
+                libc::dlsym(libc::RTLD_DEFAULT, c"__rseq_offset".as_ptr()),
+                libc::dlsym(libc::RTLD_DEFAULT, c"__rseq_size".as_ptr()),
+            )
+        };
+        if off.is_null() || size.is_null() {
+            return Err("no __rseq_offset / __rseq_size (not glibc >= 2.35)".into());
+        }
+        // SAFETY: glibc defines them as `const ptrdiff_t` and `const
+        // unsigned int`, set before user code runs and never written again.
+        let (off, size) = unsafe { (*off.cast::<isize>(), *size.cast::<u32>()) };
+        if size == 0 {
+            return Err("glibc did not register rseq (__rseq_size = 0)".into());
+        }
+        Ok(off)
+    }
+
+    /// This thread's `rseq->cpu_id` (negative when not registered).
+    fn current_cpu_id(off: isize) -> i32 {
+        let cpu: i32;
+        // SAFETY: glibc reserves the rseq area at `off` from the thread
+        // pointer in every thread; this reads its `cpu_id` field.
+        unsafe {
+            asm!(
+                "mov {cpu:e}, dword ptr fs:[{off} + 4]",
+                off = in(reg) off,
+                cpu = out(reg) cpu,
+                options(nostack, readonly, preserves_flags),
+            );
+        }
+        cpu
+    }
+}
+
+/// The CPUs this process may run on, in order; empty where unknown (the
+/// threads then run unpinned).
+#[cfg(all(target_os = "linux", target_arch = "x86_64"))]
+fn allowed_cpus() -> Vec<usize> {
+    // SAFETY: cpu_set_t is plain data; sched_getaffinity fills it, and
+    // CPU_ISSET reads it with an index below its size.
+    let cpus: Vec<usize> = unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        if libc::sched_getaffinity(0, std::mem::size_of_val(&set), &mut set) != 0 {
+            return Vec::new();
+        }
+        (0..libc::CPU_SETSIZE as usize)
+            .filter(|&c| libc::CPU_ISSET(c, &set))
+            .collect()
+    };
+    cpus
+}
+
+#[cfg(not(all(target_os = "linux", target_arch = "x86_64")))]
+fn allowed_cpus() -> Vec<usize> {
+    Vec::new()
+}
+
+#[cfg(all(target_os = "linux", target_arch = "x86_64"))]
+fn pin_to(cpu: usize) {
+    // SAFETY: a zeroed cpu_set_t with one bit set; failure (CPU not
+    // allowed) only leaves the affinity unchanged.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_SET(cpu, &mut set);
+        libc::sched_setaffinity(0, std::mem::size_of_val(&set), &set);
+    }
+}
+
+#[cfg(not(all(target_os = "linux", target_arch = "x86_64")))]
+fn pin_to(_cpu: usize) {}
+
+/// The thread counts measured: 1 and all CPUs.
+fn thread_counts() -> Vec<usize> {
+    let n = std::thread::available_parallelism().map_or(1, |p| p.get());
+    if n > 1 {
+        vec![1, n]
+    } else {
+        vec![1]
+    }
+}
+
+/// `threads` threads each do `iters` pairs on `obj`; returns the slowest
+/// thread's time, measured from a common start.
+fn run<P: Pair>(obj: &P, threads: usize, iters: u64, cpus: &[usize]) -> Duration {
+    let start = Barrier::new(threads);
+    let slowest = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..threads)
+            .map(|t| {
+                let start = &start;
+                s.spawn(move || {
+                    if threads > 1 && !cpus.is_empty() {
+                        pin_to(cpus[t % cpus.len()]);
+                    }
+                    start.wait();
+                    let t0 = Instant::now();
+                    obj.pairs(iters);
+                    t0.elapsed()
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().unwrap())
+            .max()
+            .unwrap()
+    });
+    obj.check();
+    slowest
+}
+
+/// The objects of every row, shared by criterion and the summary. The
+/// floor is `Err` with the reason where it cannot run.
+struct Rows {
+    #[cfg(all(target_os = "linux", target_arch = "x86_64"))]
+    floor: Result<floor::Floor, String>,
+    percpu: Percpu,
+    arc: ArcPair,
+    arc_swap: ArcSwapLoad,
+    epoch: EpochPin,
+}
+
+impl Rows {
+    fn new() -> Rows {
+        Rows {
+            #[cfg(all(target_os = "linux", target_arch = "x86_64"))]
+            floor: floor::Floor::new(),
+            percpu: Percpu(PercpuRef::new(|_| {})),
+            arc: ArcPair(Arc::new(0)),
+            arc_swap: ArcSwapLoad(ArcSwap::from_pointee(0)),
+            epoch: EpochPin,
+        }
+    }
+
+    fn floor_skipped(&self) -> Option<String> {
+        #[cfg(all(target_os = "linux", target_arch = "x86_64"))]
+        return self.floor.as_ref().err().cloned();
+        #[cfg(not(all(target_os = "linux", target_arch = "x86_64")))]
+        Some("needs Linux on x86_64".into())
+    }
+
+    /// Calls `f` with each runnable row's criterion id, summary label and
+    /// a runner `(threads, iters) -> slowest thread's time`.
+    fn each(&self, cpus: &[usize], mut f: impl FnMut(&str, &str, &dyn Fn(usize, u64) -> Duration)) {
+        #[cfg(all(target_os = "linux", target_arch = "x86_64"))]
+        if let Ok(fl) = &self.floor {
+            f("floor", FLOOR, &|t, n| run(fl, t, n, cpus));
+        }
+        f("percpu_ref", PERCPU, &|t, n| run(&self.percpu, t, n, cpus));
+        f("arc", "Arc clone+drop", &|t, n| run(&self.arc, t, n, cpus));
+        f("arc_swap_load", "ArcSwap::load", &|t, n| {
+            run(&self.arc_swap, t, n, cpus)
+        });
+        f("epoch_pin", "crossbeam_epoch::pin", &|t, n| {
+            run(&self.epoch, t, n, cpus)
+        });
+    }
+
+    /// Prints how many floor operations took the fallback, if any did.
+    fn report_not_counted(&self) {
+        #[cfg(all(target_os = "linux", target_arch = "x86_64"))]
+        if let Ok(fl) = &self.floor {
+            if fl.not_counted() != 0 {
+                println!(
+                    "floor: {} operations took the atomic fallback (cpu_id at or above the \
+                     limit)",
+                    fl.not_counted()
+                );
+            }
+        }
+    }
+}
+
+const FLOOR: &str = "floor (inline rseq)";
+const PERCPU: &str = "percpu_ref get+put";
+
+fn bench_peers(c: &mut Criterion, rows: &Rows, cpus: &[usize]) {
+    let mut g = c.benchmark_group("peers");
+    if let Some(why) = rows.floor_skipped() {
+        println!("peers/floor skipped: {why}");
+    }
+    for threads in thread_counts() {
+        g.throughput(Throughput::Elements(threads as u64));
+        rows.each(cpus, |id, _, runner| {
+            g.bench_function(BenchmarkId::new(id, threads), |b| {
+                b.iter_custom(|n| runner(threads, n))
+            });
+        });
+    }
+    g.finish();
+}
+
+/// Median ns per pair per thread of [`RUNS`] runs lasting about
+/// `ms / RUNS` each, and the pairs per run.
+fn measure(runner: &dyn Fn(usize, u64) -> Duration, threads: usize, ms: u64) -> (f64, u64) {
+    let ns = |pairs: u64| runner(threads, pairs).as_secs_f64() * 1e9 / pairs as f64;
+    let probe = (0..3).map(|_| ns(20_000)).fold(f64::INFINITY, f64::min);
+    let pairs = ((ms as f64 * 1e6 / RUNS as f64) / probe).max(10_000.0) as u64;
+    let mut samples: Vec<f64> = (0..RUNS).map(|_| ns(pairs)).collect();
+    samples.sort_by(f64::total_cmp);
+    (samples[RUNS / 2], pairs)
+}
+
+fn cpu_model() -> String {
+    std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("model name"))
+                .and_then(|l| l.split_once(':'))
+                .map(|(_, m)| m.trim().to_string())
+        })
+        .unwrap_or_else(|| "unknown CPU".into())
+}
+
+fn summary(rows: &Rows, cpus: &[usize]) {
+    let ms: u64 = std::env::var("PERCPU_REF_SUMMARY_MS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(200);
+    if ms == 0 {
+        return;
+    }
+    let counts = thread_counts();
+    let mut table: Vec<(String, Vec<f64>)> = Vec::new();
+    let (mut fewest, mut most) = (u64::MAX, 0);
+    rows.each(cpus, |_, label, runner| {
+        let cells = counts
+            .iter()
+            .map(|&t| {
+                let (ns, pairs) = measure(runner, t, ms);
+                fewest = fewest.min(pairs);
+                most = most.max(pairs);
+                ns
+            })
+            .collect();
+        table.push((label.to_string(), cells));
+    });
+    let all = *counts.last().unwrap();
+    let mega = |p: u64| p as f64 / 1e6;
+    println!(
+        "\npeers (ns per operation pair per thread, median of {RUNS} runs of {:.1}M to {:.1}M \
+         pairs; machine: {}, {all} CPUs)",
+        mega(fewest),
+        mega(most),
+        cpu_model()
+    );
+    let mut header = format!("{:<20}{:>10}", "", "1 thread");
+    if counts.len() > 1 {
+        header += &format!("{:>12}", format!("{all} threads"));
+    }
+    println!("{header}");
+    if let Some(why) = rows.floor_skipped() {
+        println!("{FLOOR:<20}  skipped: {why}");
+    }
+    for (label, cells) in &table {
+        let mut line = format!("{label:<20}{:>10.2}", cells[0]);
+        if let Some(c) = cells.get(1) {
+            line += &format!("{c:>12.2}");
+        }
+        println!("{line}");
+    }
+    println!("percpu_ref backend: {}", rows.percpu.0.backend());
+    rows.report_not_counted();
+
+    let get = |label: &str| table.iter().find(|r| r.0 == label).map(|r| &r.1);
+    let at_all = |v: &[f64]| *v.last().unwrap();
+    let percpu = get(PERCPU).expect("percpu_ref row measured");
+    match get(FLOOR) {
+        Some(floor) => println!(
+            "percpu_ref / floor: {:.2} at 1 thread (target <= 1.15), {:.2} at {all} threads",
+            percpu[0] / floor[0],
+            at_all(percpu) / at_all(floor)
+        ),
+        None => println!("percpu_ref / floor: not measured (floor skipped)"),
+    }
+    for (label, cells) in table.iter().filter(|r| r.0 != FLOOR && r.0 != PERCPU) {
+        println!(
+            "{label} / percpu_ref: {:.2} at 1 thread (target >= 1.3), {:.2} at {all} threads \
+             (target >= 1.5)",
+            cells[0] / percpu[0],
+            at_all(cells) / at_all(percpu)
+        );
+    }
+}
+
+fn main() {
+    let rows = Rows::new();
+    let cpus = allowed_cpus();
+    let mut c = Criterion::default().configure_from_args();
+    bench_peers(&mut c, &rows, &cpus);
+    c.final_summary();
+    let args: Vec<String> = std::env::args().collect();
+    if !args.iter().any(|a| a == "--test" || a == "--list") {
+        summary(&rows, &cpus);
+    }
+}
