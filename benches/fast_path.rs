@@ -20,11 +20,14 @@
 //! skip). Run: `cargo bench --bench fast_path -- --warm-up-time 0.3
 //! --measurement-time 1`.
 
+#[path = "common/affinity.rs"]
+mod affinity;
+
 use criterion::{BenchmarkId, Criterion, Throughput};
 use percpu_ref::{Backend, InitFlags, PercpuRef};
 use std::hint::black_box;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, Barrier};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 trait Pair: Sync {
@@ -58,42 +61,19 @@ impl Pair for ArcPair {
     }
 }
 
+/// Pins the calling thread; a failure (CPU not allowed) leaves it floating.
 fn pin_to(cpu: usize) {
-    // SAFETY: an empty cpu_set_t with one bit set; failure (CPU not allowed)
-    // only leaves the affinity unchanged.
-    unsafe {
-        let mut set: libc::cpu_set_t = std::mem::zeroed();
-        libc::CPU_SET(cpu, &mut set);
-        libc::sched_setaffinity(0, std::mem::size_of_val(&set), &set);
-    }
+    let _ = affinity::pin_to(cpu);
 }
 
 /// `threads` threads each do `iters` pairs on `obj`; returns the slowest
 /// thread's time, measured from a common start.
 fn run<P: Pair>(obj: &P, threads: usize, iters: u64) -> Duration {
-    let start = Barrier::new(threads);
-    std::thread::scope(|s| {
-        let handles: Vec<_> = (0..threads)
-            .map(|t| {
-                let start = &start;
-                s.spawn(move || {
-                    if threads > 1 {
-                        pin_to(t);
-                    }
-                    start.wait();
-                    let t0 = Instant::now();
-                    for _ in 0..iters {
-                        black_box(obj).pair();
-                    }
-                    t0.elapsed()
-                })
-            })
-            .collect();
-        handles
-            .into_iter()
-            .map(|h| h.join().unwrap())
-            .max()
-            .unwrap()
+    let cpus: Vec<usize> = (0..threads).collect();
+    affinity::run_pinned(threads, &cpus, || {
+        for _ in 0..iters {
+            black_box(obj).pair();
+        }
     })
 }
 

@@ -59,12 +59,15 @@
 //! The floor's section jumps to Rust labels from `asm!` (asm goto), as the
 //! crate's own fast path does: Rust 1.87 or newer.
 
+#[path = "common/affinity.rs"]
+mod affinity;
+
 use arc_swap::ArcSwap;
 use criterion::{BenchmarkId, Criterion, Throughput};
 use percpu_ref::PercpuRef;
 use std::hint::black_box;
-use std::sync::{Arc, Barrier};
-use std::time::{Duration, Instant};
+use std::sync::Arc;
+use std::time::Duration;
 
 /// The summary's runs per row and thread count (odd, for a plain median).
 const RUNS: usize = 5;
@@ -373,43 +376,6 @@ mod floor {
     }
 }
 
-/// The CPUs this process may run on, in order; empty where unknown (the
-/// threads then run unpinned).
-#[cfg(all(target_os = "linux", target_arch = "x86_64"))]
-fn allowed_cpus() -> Vec<usize> {
-    // SAFETY: cpu_set_t is plain data; sched_getaffinity fills it, and
-    // CPU_ISSET reads it with an index below its size.
-    let cpus: Vec<usize> = unsafe {
-        let mut set: libc::cpu_set_t = std::mem::zeroed();
-        if libc::sched_getaffinity(0, std::mem::size_of_val(&set), &mut set) != 0 {
-            return Vec::new();
-        }
-        (0..libc::CPU_SETSIZE as usize)
-            .filter(|&c| libc::CPU_ISSET(c, &set))
-            .collect()
-    };
-    cpus
-}
-
-#[cfg(not(all(target_os = "linux", target_arch = "x86_64")))]
-fn allowed_cpus() -> Vec<usize> {
-    Vec::new()
-}
-
-#[cfg(all(target_os = "linux", target_arch = "x86_64"))]
-fn pin_to(cpu: usize) {
-    // SAFETY: a zeroed cpu_set_t with one bit set; failure (CPU not
-    // allowed) only leaves the affinity unchanged.
-    unsafe {
-        let mut set: libc::cpu_set_t = std::mem::zeroed();
-        libc::CPU_SET(cpu, &mut set);
-        libc::sched_setaffinity(0, std::mem::size_of_val(&set), &set);
-    }
-}
-
-#[cfg(not(all(target_os = "linux", target_arch = "x86_64")))]
-fn pin_to(_cpu: usize) {}
-
 /// The thread counts measured: 1 and all CPUs.
 fn thread_counts() -> Vec<usize> {
     let n = std::thread::available_parallelism().map_or(1, |p| p.get());
@@ -423,28 +389,7 @@ fn thread_counts() -> Vec<usize> {
 /// `threads` threads each do `iters` pairs on `obj`; returns the slowest
 /// thread's time, measured from a common start.
 fn run<P: Pair>(obj: &P, threads: usize, iters: u64, cpus: &[usize]) -> Duration {
-    let start = Barrier::new(threads);
-    let slowest = std::thread::scope(|s| {
-        let handles: Vec<_> = (0..threads)
-            .map(|t| {
-                let start = &start;
-                s.spawn(move || {
-                    if threads > 1 && !cpus.is_empty() {
-                        pin_to(cpus[t % cpus.len()]);
-                    }
-                    start.wait();
-                    let t0 = Instant::now();
-                    obj.pairs(iters);
-                    t0.elapsed()
-                })
-            })
-            .collect();
-        handles
-            .into_iter()
-            .map(|h| h.join().unwrap())
-            .max()
-            .unwrap()
-    });
+    let slowest = affinity::run_pinned(threads, cpus, || obj.pairs(iters));
     obj.check();
     slowest
 }
@@ -626,7 +571,7 @@ fn summary(rows: &Rows, cpus: &[usize]) {
 
 fn main() {
     let rows = Rows::new();
-    let cpus = allowed_cpus();
+    let cpus = affinity::allowed_cpus();
     let mut c = Criterion::default().configure_from_args();
     bench_peers(&mut c, &rows, &cpus);
     c.final_summary();

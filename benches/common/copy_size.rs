@@ -39,6 +39,10 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
 
+#[path = "affinity.rs"]
+mod affinity;
+pub use affinity::{allowed_cpus, pin_to};
+
 /// Iterations between two looks at the stop flag.
 const BATCH: u64 = 64;
 
@@ -183,53 +187,6 @@ impl Counter for PercpuCounter {
             )),
         }
     }
-}
-
-/// The CPUs this process may run on, in increasing order.
-#[cfg(target_os = "linux")]
-pub fn allowed_cpus() -> Vec<usize> {
-    // SAFETY: cpu_set_t is plain data; all zeroes is the empty set.
-    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
-    // SAFETY: `set` is a valid, writable cpu_set_t of the size passed.
-    let rc = unsafe { libc::sched_getaffinity(0, std::mem::size_of_val(&set), &mut set) };
-    if rc != 0 {
-        return (0..num_cpus::get()).collect();
-    }
-    (0..libc::CPU_SETSIZE as usize)
-        // SAFETY: `cpu` is below CPU_SETSIZE, the set's capacity.
-        .filter(|&cpu| unsafe { libc::CPU_ISSET(cpu, &set) })
-        .collect()
-}
-
-/// The CPUs this process may run on (no affinity API: 0..n).
-#[cfg(not(target_os = "linux"))]
-pub fn allowed_cpus() -> Vec<usize> {
-    (0..num_cpus::get()).collect()
-}
-
-/// Pins the calling thread to `cpu`.
-#[cfg(target_os = "linux")]
-pub fn pin_to(cpu: usize) -> Result<(), String> {
-    // SAFETY: cpu_set_t is plain data; all zeroes is the empty set.
-    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
-    // SAFETY: the caller's `cpu` comes from `allowed_cpus`, below CPU_SETSIZE.
-    unsafe { libc::CPU_SET(cpu, &mut set) };
-    // SAFETY: `set` is a valid cpu_set_t of the size passed; pid 0 = this thread.
-    let rc = unsafe { libc::sched_setaffinity(0, std::mem::size_of_val(&set), &set) };
-    if rc == 0 {
-        Ok(())
-    } else {
-        Err(format!(
-            "sched_setaffinity(cpu {cpu}): {}",
-            std::io::Error::last_os_error()
-        ))
-    }
-}
-
-/// Pinning is not supported here; threads float.
-#[cfg(not(target_os = "linux"))]
-pub fn pin_to(_cpu: usize) -> Result<(), String> {
-    Ok(())
 }
 
 /// CPU time consumed by the calling thread so far.
