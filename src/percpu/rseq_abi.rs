@@ -82,15 +82,16 @@ const YES: u8 = 2;
 /// detect (idempotent: lookups, and a membarrier registration the kernel
 /// accepts again) and the first answer stored is everyone's.
 pub(crate) fn available() -> bool {
-    // ordering-audit: kept: acquires the offset a YES publishes. Not built
-    // under loom (src/percpu/model.rs models the backend, not its
-    // detection); tests/rseq_* run it, on x86, where no order is weaker.
+    // ordering-audit: kept: acquires the offset the answer publishes (YES or
+    // NO: every backend arms the section). Not built under loom
+    // (src/percpu/model.rs models the backend, not its detection);
+    // tests/rseq_* run it, on x86, where no order is weaker.
     match AVAILABLE.load(Ordering::Acquire) {
         UNKNOWN => {
             let mine = if detect() { YES } else { NO };
-            // ordering-audit: kept: a YES publishes the rseq offset that
-            // detect stored (Release); a lost race acquires the winner's
-            // (Acquire on failure). Not built under loom, as above.
+            // ordering-audit: kept: the answer publishes the rseq offset
+            // that detect stored (Release); a lost race acquires the
+            // winner's (Acquire on failure). Not built under loom, as above.
             match AVAILABLE.compare_exchange(UNKNOWN, mine, Ordering::Release, Ordering::Acquire) {
                 Ok(_) => mine == YES,
                 Err(first) => first == YES,
