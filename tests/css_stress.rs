@@ -18,6 +18,7 @@ use percpu_ref::css::{
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Barrier, Mutex};
 use std::thread;
+use std::time::{Duration, Instant};
 
 /// A small xorshift generator (no dependency).
 struct Rng(u64);
@@ -43,17 +44,30 @@ struct Shared {
 
 /// Removes `cgs` (a subtree listed parents first) bottom-up, retrying while
 /// a migrating task sits in one. Returns how many were removed.
+///
+/// The retries back off to sleeping and are bounded by time, not by count:
+/// a rmdir that fails takes and drops `cgroup_mutex`, and retried in a
+/// tight loop it can keep taking it back before the migrator that would
+/// leave the cgroup (asleep on that mutex) gets it. CI once saw 10,000
+/// yielding retries pass in under 0.15 s that way on 2 busy cores.
 fn rmdir_subtree(s: &Shared, cgs: &[Cgroup]) -> usize {
     let mut removed = 0;
     for cg in cgs.iter().rev() {
-        for attempt in 0.. {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        for attempt in 0u64.. {
             match s.h.rmdir(cg) {
                 Ok(()) => {
                     removed += 1;
                     break;
                 }
-                Err(CgroupError::Busy { .. }) if attempt < 10_000 => thread::yield_now(),
-                Err(e) => panic!("rmdir {}: {e}", cg.path()),
+                Err(CgroupError::Busy { .. }) if Instant::now() < deadline => {
+                    if attempt < 100 {
+                        thread::yield_now();
+                    } else {
+                        thread::sleep(Duration::from_micros(100));
+                    }
+                }
+                Err(e) => panic!("rmdir {} (after {attempt} retries): {e}", cg.path()),
             }
         }
     }
