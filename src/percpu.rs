@@ -5,10 +5,10 @@
 //!
 //! A ref's *mode word* (owned by [`PercpuRef`](crate::PercpuRef)) is in
 //! percpu mode exactly when its `MODE_ATOMIC` bit is clear; in percpu mode
-//! its low half is the backend's [`Counters::percpu_mode`] (the rseq
-//! section's CPU bound, see [`MODE_LIMIT`]), in atomic mode it is 0. A backend owns
-//! one counter per possible CPU (or per shard) for one ref and offers three
-//! operations:
+//! its low half is the backend's `Counters::percpu_mode` (the rseq
+//! section's CPU bound, `MODE_LIMIT`), in atomic mode it is 0. A backend
+//! owns one counter per possible CPU (or per shard) for one ref and offers
+//! three operations:
 //!
 //! - `try_add(mode, delta) -> bool`: add `delta` (wrapping) to the calling
 //!   CPU's counter *only if the ref is still in percpu mode*, atomically
