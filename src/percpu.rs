@@ -79,7 +79,6 @@ pub(crate) const MODE_DEAD: usize = 2 << FLAG_SHIFT;
 /// one unsigned compare, `cpu_id < limit`: one load and one branch that
 /// reject atomic mode, a CPU without a counter in the arena, an
 /// unregistered thread (negative `cpu_id`) and every other backend.
-#[allow(dead_code)] // documentation of the layout off rseq builds
 pub(crate) const MODE_LIMIT: usize = (1 << FLAG_SHIFT) - 1;
 /// `_many` operations on at least this many references take the atomic
 /// path even in percpu mode. Per-CPU deltas therefore stay below 2^16 in
@@ -391,8 +390,8 @@ impl Counters {
     ///
     /// As [`try_add_raw`](Self::try_add_raw).
     #[inline(always)]
+    #[cfg_attr(not(loom), allow(unused_variables))] // `mode`: only the model reads it
     unsafe fn try_add_other(this: *const Self, mode: &AtomicUsize, delta: u64) -> bool {
-        let _ = mode;
         // SAFETY: the caller's reference keeps `*this` alive; this borrow
         // ends before the add, which goes through an atomic.
         let shard: *const crate::sync::AtomicU64 = match unsafe { &(*this).kind } {
