@@ -152,8 +152,11 @@
 
 #![deny(unsafe_op_in_unsafe_fn)]
 #![warn(missing_docs)]
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
 mod atomic_mode;
+#[cfg(feature = "css")]
+#[cfg_attr(docsrs, doc(cfg(feature = "css")))]
 pub mod css;
 mod flags;
 pub mod owned;

@@ -56,14 +56,89 @@ mod sharded;
 use crate::sync::AtomicUsize;
 use std::fmt;
 
-#[cfg(percpu_ref_rseq)]
-pub use arena::{arena_stats, ArenaStats};
 pub use cpus::possible_cpus;
 #[cfg(all(percpu_ref_rseq, percpu_ref_callgrind))]
 #[doc(hidden)]
 pub use rseq_abi::force_fake_area_for_instruction_counting;
-#[cfg(percpu_ref_rseq)]
-pub use rseq_abi::rseq_aborts;
+
+/// Accounting of the per-CPU arena that holds the rseq backend's counters.
+///
+/// Every ref on the rseq backend owns one slot: 8 bytes in each possible
+/// CPU's region. See [`arena_stats`]. The type and the function exist on
+/// every target; where the rseq backend is not built (anything but x86_64
+/// Linux, and Miri) there is no arena and every field is 0.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ArenaStats {
+    /// Slots owned by live refs.
+    pub live_slots: usize,
+    /// Slots released by dropped refs and waiting to be reused.
+    pub free_slots: usize,
+    /// Slots not handed out yet in the allocated chunks.
+    pub unused_slots: usize,
+    /// Chunks allocated (never freed).
+    pub chunks: usize,
+    /// Bytes of all chunks (`chunks * possible_cpus * REGION`).
+    pub reserved_bytes: usize,
+    /// Bytes one slot costs: 8 per possible CPU (the number of regions in a
+    /// chunk); 0 where the arena is not built.
+    pub bytes_per_slot: usize,
+}
+
+/// The per-CPU arena's accounting, for the whole process.
+///
+/// The slot counts are zero until a ref on the rseq backend is made. Where
+/// the rseq backend is not built (targets other than x86_64 Linux, Miri)
+/// every field is 0: the sharded backend keeps its counters with each ref,
+/// and [`PercpuRef::percpu_bytes`](crate::PercpuRef::percpu_bytes) reports them.
+///
+/// # Examples
+///
+/// ```
+/// use percpu_ref::{percpu::arena_stats, Backend, InitFlags, PercpuRef};
+/// let s = arena_stats();
+/// // 8 bytes per possible CPU where the arena exists, 0 where it does not.
+/// assert!(s.bytes_per_slot == 0 || s.bytes_per_slot == 8 * percpu_ref::possible_cpus());
+/// if let Ok(r) = PercpuRef::with_backend(|_| {}, InitFlags::empty(), Backend::Rseq) {
+///     assert_eq!(r.percpu_bytes(), s.bytes_per_slot);
+///     assert!(arena_stats().live_slots >= 1);
+/// }
+/// ```
+pub fn arena_stats() -> ArenaStats {
+    #[cfg(percpu_ref_rseq)]
+    {
+        arena::stats()
+    }
+    #[cfg(not(percpu_ref_rseq))]
+    {
+        ArenaStats::default()
+    }
+}
+
+/// How many rseq fast-path attempts the kernel aborted (preemption,
+/// migration, signal delivery, or a grace period) and that were retried,
+/// since the process started.
+///
+/// A diagnostic: it shows that the restart path is exercised. Always 0 on
+/// the sharded backend, and on targets where the rseq backend is not built.
+///
+/// # Examples
+///
+/// ```
+/// let before = percpu_ref::percpu::rseq_aborts();
+/// // ... per-CPU traffic ...
+/// assert!(percpu_ref::percpu::rseq_aborts() >= before);
+/// ```
+pub fn rseq_aborts() -> u64 {
+    #[cfg(percpu_ref_rseq)]
+    {
+        rseq_abi::aborts()
+    }
+    #[cfg(not(percpu_ref_rseq))]
+    {
+        0
+    }
+}
 
 /// Where the mode word's flags start: above the CPU bound ([`MODE_LIMIT`])
 /// where the rseq backend is built, at bit 0 elsewhere.

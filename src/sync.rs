@@ -10,15 +10,20 @@
 /// layer's block, see `owned::drop_unit`).
 #[cfg(loom)]
 pub(crate) use loom::cell::UnsafeCell;
+#[cfg(all(loom, feature = "css"))]
+pub(crate) use loom::sync::atomic::{AtomicBool, AtomicPtr};
 #[cfg(loom)]
-pub(crate) use loom::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, AtomicUsize, Ordering};
+pub(crate) use loom::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 #[cfg(loom)]
 pub(crate) use loom::sync::{Condvar, Mutex, MutexGuard};
 #[cfg(loom)]
 pub(crate) use loom::thread_local;
 
 #[cfg(not(loom))]
-pub(crate) use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, AtomicUsize, Ordering};
+pub(crate) use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+// Only the css model uses these.
+#[cfg(all(not(loom), feature = "css"))]
+pub(crate) use std::sync::atomic::{AtomicBool, AtomicPtr};
 #[cfg(not(loom))]
 pub(crate) use std::sync::{Condvar, Mutex, MutexGuard};
 #[cfg(not(loom))]
@@ -37,6 +42,7 @@ pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 /// Tries to lock `m` without blocking, ignoring poisoning (as [`lock`]).
+#[cfg(feature = "css")]
 pub(crate) fn try_lock<T>(m: &Mutex<T>) -> Option<MutexGuard<'_, T>> {
     match m.try_lock() {
         Ok(g) => Some(g),

@@ -58,6 +58,7 @@
 //! chunk, an allocation; waiters spin briefly, then yield.
 
 use super::cpus::possible_cpus;
+use super::ArenaStats;
 use std::alloc::{self, Layout};
 use std::cell::UnsafeCell;
 use std::ops::{Deref, DerefMut};
@@ -324,44 +325,8 @@ impl Drop for Slot {
     }
 }
 
-/// Accounting of the per-CPU arena that holds the rseq backend's counters.
-///
-/// Every ref on the rseq backend owns one slot: 8 bytes in each possible
-/// CPU's region. See [`arena_stats`].
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct ArenaStats {
-    /// Slots owned by live refs.
-    pub live_slots: usize,
-    /// Slots released by dropped refs and waiting to be reused.
-    pub free_slots: usize,
-    /// Slots not handed out yet in the allocated chunks.
-    pub unused_slots: usize,
-    /// Chunks allocated (never freed).
-    pub chunks: usize,
-    /// Bytes of all chunks (`chunks * possible_cpus * REGION`).
-    pub reserved_bytes: usize,
-    /// Bytes one slot costs: 8 per possible CPU (the number of regions in a
-    /// chunk).
-    pub bytes_per_slot: usize,
-}
-
-/// The per-CPU arena's accounting, for the whole process.
-///
-/// Zero everywhere until a ref on the rseq backend is made.
-///
-/// # Examples
-///
-/// ```
-/// use percpu_ref::{percpu::arena_stats, Backend, InitFlags, PercpuRef};
-/// let s = arena_stats();
-/// assert_eq!(s.bytes_per_slot, 8 * percpu_ref::possible_cpus());
-/// if let Ok(r) = PercpuRef::with_backend(|_| {}, InitFlags::empty(), Backend::Rseq) {
-///     assert_eq!(r.percpu_bytes(), s.bytes_per_slot);
-///     assert!(arena_stats().live_slots >= 1);
-/// }
-/// ```
-pub fn arena_stats() -> ArenaStats {
+/// The arena's accounting, behind [`crate::percpu::arena_stats`].
+pub(super) fn stats() -> ArenaStats {
     let a = arena();
     let capacity = a.chunks.len() * SLOTS_PER_CHUNK;
     ArenaStats {

@@ -279,21 +279,8 @@ pub(crate) fn record_abort() {
     ABORTS.fetch_add(1, Ordering::Relaxed);
 }
 
-/// How many rseq fast-path attempts the kernel aborted (preemption,
-/// migration, signal delivery, or a grace period) and that were retried,
-/// since the process started.
-///
-/// A diagnostic: it shows that the restart path is exercised. Always 0 on
-/// the sharded backend.
-///
-/// # Examples
-///
-/// ```
-/// let before = percpu_ref::percpu::rseq_aborts();
-/// // ... per-CPU traffic ...
-/// assert!(percpu_ref::percpu::rseq_aborts() >= before);
-/// ```
-pub fn rseq_aborts() -> u64 {
+/// The count behind [`crate::percpu::rseq_aborts`].
+pub(crate) fn aborts() -> u64 {
     ABORTS.load(Ordering::Relaxed)
 }
 
