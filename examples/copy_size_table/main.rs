@@ -20,23 +20,19 @@ mod results;
 mod svg;
 mod table;
 
-use options::{Format, Options, Parsed};
+use options::{Format, Options};
 use results::{Meta, Results};
 use std::io::Write;
 use std::process::ExitCode;
 
 fn main() -> ExitCode {
-    let args: Vec<String> = std::env::args().skip(1).collect();
     let cpus = harness::allowed_cpus();
-    let opts = match options::parse(&args, cpus.len()) {
-        Ok(Parsed::Run(o)) => o,
-        Ok(Parsed::Help) => {
-            print!("{}", options::HELP);
-            return ExitCode::SUCCESS;
-        }
+    let opts = match options::parse(std::env::args_os(), cpus.len()) {
+        Ok(o) => o,
+        // Help on stdout with status 0, a refusal on stderr with status 2.
         Err(e) => {
-            eprintln!("copy_size_table: {e}\n(run with --help for the options)");
-            return ExitCode::from(2);
+            let _ = e.print();
+            return ExitCode::from(u8::try_from(e.exit_code()).unwrap_or(2));
         }
     };
     // Open the plot file first, so that a bad path fails before a minute

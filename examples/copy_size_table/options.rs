@@ -1,14 +1,19 @@
-//! Command-line options: parsing and validation, nothing else.
+//! Command-line options: the clap definition, and the defaults that only the
+//! machine can give (thread counts, backend, run length) resolved into
+//! `Options`.
 //!
-//! Every refusal names the option and the value, and `main` turns it into
-//! exit status 2.
+//! clap names the option and the value in every refusal and exits with
+//! status 2 through `main`.
 
 use crate::harness::Kind;
+use clap::builder::RangedU64ValueParser;
+use clap::{Command, CommandFactory, FromArgMatches, Parser, ValueEnum};
 use percpu_ref::Backend;
+use std::ffi::OsString;
 use std::time::Duration;
 
-/// The copy sizes of the kernel's table.
-pub const DEFAULT_SIZES: [usize; 6] = [0, 32, 64, 128, 256, 512];
+/// The copy sizes of the kernel's table, as clap parses a default.
+const DEFAULT_SIZES: &str = "0,32,64,128,256,512";
 /// Default wall-clock budget for all runs together.
 pub const DEFAULT_BUDGET: Duration = Duration::from_secs(60);
 /// Bounds of the per-run duration the budget is spread into.
@@ -16,40 +21,85 @@ const MIN_DEFAULT_RUN: Duration = Duration::from_millis(200);
 const MAX_DEFAULT_RUN: Duration = Duration::from_millis(1000);
 const MAX_SIZE: usize = 1 << 24;
 
-pub const HELP: &str = "\
-copy_size_table: the kernel's atomic vs percpu_ref copy-size tables, measured here.
+/// copy_size_table: the kernel's atomic vs percpu_ref copy-size tables, measured here.
+///
+/// Every thread, pinned to its own CPU, loops on: take a reference, copy SIZE
+/// bytes, drop the reference, on one object shared by all threads. 'atomic' is
+/// an AtomicUsize (fetch_add / fetch_sub + zero test, as atomic_t), 'percpu' is
+/// PercpuRef::get / put, and 'floor' is the same loop with no counting (always
+/// measured, interleaved with the others). Loops per second are summed over
+/// threads; each cell is the median of several timed runs. Beside the kernel's
+/// columns, each counter's overhead is printed in ns per loop per thread above
+/// the floor (1e9 x threads / loops per second, minus the floor's), and a
+/// paragraph after the tables explains the columns from these numbers.
+#[derive(Parser, Debug)]
+#[command(
+    name = "copy_size_table",
+    verbatim_doc_comment,
+    override_usage = "cargo run --release --example copy_size_table -- [OPTIONS]",
+    // The hand-written parser let a repeated option replace the earlier
+    // value; scripts may rely on appending an override.
+    args_override_self = true,
+    after_help = "Progress goes to stderr. Exit status 2 means a bad option."
+)]
+pub struct Args {
+    /// Length of one timed run in ms [default: the 60 s
+    /// budget spread over all runs, the floor's included,
+    /// within 200..1000 ms: 555 ms on 2 CPUs with one backend]
+    #[arg(
+        long,
+        value_name = "N",
+        verbatim_doc_comment,
+        value_parser = RangedU64ValueParser::<u64>::new().range(1..=600_000)
+    )]
+    duration_ms: Option<u64>,
 
-Every thread, pinned to its own CPU, loops on: take a reference, copy SIZE
-bytes, drop the reference, on one object shared by all threads. 'atomic' is
-an AtomicUsize (fetch_add / fetch_sub + zero test, as atomic_t), 'percpu' is
-PercpuRef::get / put, and 'floor' is the same loop with no counting (always
-measured, interleaved with the others). Loops per second are summed over
-threads; each cell is the median of several timed runs. Beside the kernel's
-columns, each counter's overhead is printed in ns per loop per thread above
-the floor (1e9 x threads / loops per second, minus the floor's), and a
-paragraph after the tables explains the columns from these numbers.
+    /// Timed runs per cell; the median is shown
+    #[arg(
+        long,
+        value_name = "N",
+        default_value_t = 3,
+        value_parser = RangedU64ValueParser::<usize>::new().range(1..=1000)
+    )]
+    reps: usize,
 
-USAGE:
-    cargo run --release --example copy_size_table -- [OPTIONS]
+    /// Thread counts, e.g. 1,2,4 [default: 1,2,4,... up to
+    /// the CPU count, and the CPU count itself]
+    // `std::vec::Vec` rather than `Vec`: clap would otherwise take one number
+    // per occurrence, and the list is one comma-separated value.
+    #[arg(long, value_name = "LIST", verbatim_doc_comment, value_parser = threads_parser(usize::MAX))]
+    threads: Option<std::vec::Vec<usize>>,
 
-OPTIONS:
-    --duration-ms N     length of one timed run (default: the 60 s budget
-                        spread over all runs, the floor's included, within
-                        200..1000 ms: 555 ms on 2 CPUs with one backend)
-    --reps N            timed runs per cell; the median is shown (default 3)
-    --threads LIST      thread counts, e.g. 1,2,4 (default 1,2,4,... up to
-                        the CPU count, and the CPU count itself)
-    --sizes LIST        copy sizes in bytes (default 0,32,64,128,256,512)
-    --backends LIST     percpu backends to measure: default, rseq, sharded
-                        (default: the process default backend only)
-    --json              print JSON instead of the tables
-    --markdown          print one markdown table instead of the tables
-    --svg PATH          also write a plot of throughput against threads
-    --svg-scale S       y axis of the plot: log (default) or linear
-    -h, --help          print this help
+    /// Copy sizes in bytes
+    #[arg(
+        long,
+        value_name = "LIST",
+        default_value = DEFAULT_SIZES,
+        value_parser = sizes_parser
+    )]
+    sizes: std::vec::Vec<usize>,
 
-Progress goes to stderr. Exit status 2 means a bad option.
-";
+    /// Percpu backends to measure: default, rseq, sharded
+    /// [default: the process default backend only]
+    #[arg(long, value_name = "LIST", verbatim_doc_comment, value_parser = backends_parser)]
+    backends: Option<std::vec::Vec<Backend>>,
+
+    /// Print JSON instead of the tables
+    #[arg(long, conflicts_with = "markdown")]
+    json: bool,
+
+    /// Print one markdown table instead of the tables
+    #[arg(long)]
+    markdown: bool,
+
+    /// Also write a plot of throughput against threads
+    #[arg(long, value_name = "PATH", value_parser = clap::builder::NonEmptyStringValueParser::new())]
+    svg: Option<String>,
+
+    /// Y axis of the plot
+    #[arg(long, value_name = "S", value_enum, default_value_t = Scale::Log)]
+    svg_scale: Scale,
+}
 
 /// Output format on stdout.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -60,13 +110,13 @@ pub enum Format {
 }
 
 /// Plot y axis.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum Scale {
     Log,
     Linear,
 }
 
-/// Parsed and validated options.
+/// Parsed options with every default resolved.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Options {
     pub duration: Duration,
@@ -79,71 +129,31 @@ pub struct Options {
     pub scale: Scale,
 }
 
-/// What the command line asked for.
-#[derive(Debug)]
-pub enum Parsed {
-    Run(Options),
-    Help,
+/// The command line, with `--threads` bounded by `cpus`: threads are pinned
+/// one per CPU, so a count above it can only fail later, after measuring.
+pub fn command(cpus: usize) -> Command {
+    Args::command().mut_arg("threads", |a| a.value_parser(threads_parser(cpus)))
 }
 
-/// Parses `args` (without the program name). `cpus` is how many CPUs the
-/// process may run on (threads are pinned one per CPU).
-pub fn parse(args: &[String], cpus: usize) -> Result<Parsed, String> {
-    let mut duration = None;
-    let mut reps = 3;
-    let mut threads = None;
-    let mut sizes = DEFAULT_SIZES.to_vec();
-    let mut backends: Option<Vec<Backend>> = None;
-    let mut format = Format::Tables;
-    let mut svg = None;
-    let mut scale = Scale::Log;
+/// Parses a command line (program name first). `cpus` is how many CPUs the
+/// process may run on. Help is an `Err` too, of kind `DisplayHelp`, as clap
+/// reports it; `Error::exit_code` tells it from a refusal.
+pub fn parse<I, T>(args: I, cpus: usize) -> Result<Options, clap::Error>
+where
+    I: IntoIterator<Item = T>,
+    T: Into<OsString> + Clone,
+{
+    let mut cmd = command(cpus);
+    let matches = cmd.try_get_matches_from_mut(args)?;
+    let args = Args::from_arg_matches(&matches).map_err(|e| e.format(&mut cmd))?;
+    Ok(resolve(args, cpus))
+}
 
-    let mut it = args.iter();
-    while let Some(arg) = it.next() {
-        let (name, inline) = match arg.split_once('=') {
-            Some((n, v)) if n.starts_with("--") => (n, Some(v.to_string())),
-            _ => (arg.as_str(), None),
-        };
-        let mut value = || -> Result<String, String> {
-            inline
-                .clone()
-                .or_else(|| it.next().cloned())
-                .ok_or_else(|| format!("{name}: missing value"))
-        };
-        match name {
-            "-h" | "--help" => return Ok(Parsed::Help),
-            "--duration-ms" => {
-                let ms = number(name, &value()?, 1, 600_000)?;
-                duration = Some(Duration::from_millis(ms as u64));
-            }
-            "--reps" => reps = number(name, &value()?, 1, 1000)?,
-            "--threads" => threads = Some(list(name, &value()?, 1, cpus)?),
-            "--sizes" => sizes = list(name, &value()?, 0, MAX_SIZE)?,
-            "--backends" => backends = Some(backend_list(name, &value()?)?),
-            "--json" => set_format(&mut format, Format::Json, name)?,
-            "--markdown" => set_format(&mut format, Format::Markdown, name)?,
-            "--svg" => {
-                let v = value()?;
-                if v.is_empty() {
-                    return Err(format!("{name}: empty path"));
-                }
-                svg = Some(v);
-            }
-            "--svg-scale" => {
-                scale = match value()?.as_str() {
-                    "log" => Scale::Log,
-                    "linear" => Scale::Linear,
-                    v => return Err(format!("{name} '{v}': expected log or linear")),
-                }
-            }
-            _ => return Err(format!("unknown option '{arg}'")),
-        }
-    }
-
-    let threads = threads.unwrap_or_else(|| default_threads(cpus));
+fn resolve(args: Args, cpus: usize) -> Options {
+    let threads = args.threads.unwrap_or_else(|| default_threads(cpus));
     let mut kinds = vec![Kind::Atomic];
     kinds.extend(
-        backends
+        args.backends
             .unwrap_or_else(|| vec![percpu_ref::backend()])
             .into_iter()
             .map(Kind::Percpu),
@@ -152,17 +162,24 @@ pub fn parse(args: &[String], cpus: usize) -> Result<Parsed, String> {
     // say how much of a loop is the counting. It counts in the budget, so
     // the default run stays about a minute with shorter runs.
     kinds.push(Kind::None);
-    let runs = threads.len() * sizes.len() * kinds.len() * reps;
-    Ok(Parsed::Run(Options {
-        duration: duration.unwrap_or_else(|| default_duration(runs)),
-        reps,
+    let runs = threads.len() * args.sizes.len() * kinds.len() * args.reps;
+    let format = match (args.json, args.markdown) {
+        (true, _) => Format::Json,
+        (_, true) => Format::Markdown,
+        _ => Format::Tables,
+    };
+    Options {
+        duration: args
+            .duration_ms
+            .map_or_else(|| default_duration(runs), Duration::from_millis),
+        reps: args.reps,
         threads,
-        sizes,
+        sizes: args.sizes,
         kinds,
         format,
-        svg,
-        scale,
-    }))
+        svg: args.svg,
+        scale: args.svg_scale,
+    }
 }
 
 /// 1, 2, 4, ... below `cpus`, then `cpus`.
@@ -179,40 +196,34 @@ pub fn default_duration(runs: usize) -> Duration {
     (DEFAULT_BUDGET / runs.max(1) as u32).clamp(MIN_DEFAULT_RUN, MAX_DEFAULT_RUN)
 }
 
-fn set_format(format: &mut Format, want: Format, name: &str) -> Result<(), String> {
-    if *format != Format::Tables && *format != want {
-        return Err(format!("{name}: only one of --json and --markdown"));
+fn threads_parser(cpus: usize) -> impl Fn(&str) -> Result<Vec<usize>, String> + Clone {
+    move |v| {
+        list(v, 1, cpus, |max| {
+            format!("threads are pinned one per CPU and this process may run on {max} CPUs")
+        })
     }
-    *format = want;
-    Ok(())
 }
 
-fn number(name: &str, v: &str, min: usize, max: usize) -> Result<usize, String> {
-    let n: usize = v
-        .trim()
-        .parse()
-        .map_err(|_| format!("{name} '{v}': not a whole number"))?;
-    if n < min || n > max {
-        return Err(format!("{name} '{v}': must be between {min} and {max}"));
-    }
-    Ok(n)
+fn sizes_parser(v: &str) -> Result<Vec<usize>, String> {
+    list(v, 0, MAX_SIZE, |max| format!("must be between 0 and {max}"))
 }
 
-/// A comma-separated list of numbers in `min..=max`, sorted, no duplicates.
-fn list(name: &str, v: &str, min: usize, max: usize) -> Result<Vec<usize>, String> {
+/// A comma-separated list of numbers in `min..=max`, sorted, no duplicates,
+/// since the tables have one row or column per value.
+fn list(
+    v: &str,
+    min: usize,
+    max: usize,
+    why: impl Fn(usize) -> String,
+) -> Result<Vec<usize>, String> {
     let mut out = Vec::new();
     for part in v.split(',') {
         let n: usize = part
             .trim()
             .parse()
-            .map_err(|_| format!("{name} '{v}': '{part}' is not a whole number"))?;
+            .map_err(|_| format!("'{part}' is not a whole number"))?;
         if n < min || n > max {
-            let why = if name == "--threads" {
-                format!("threads are pinned one per CPU and this process may run on {max} CPUs")
-            } else {
-                format!("must be between {min} and {max}")
-            };
-            return Err(format!("{name} '{v}': {n} is out of range: {why}"));
+            return Err(format!("{n} is out of range: {}", why(max)));
         }
         out.push(n);
     }
@@ -221,7 +232,8 @@ fn list(name: &str, v: &str, min: usize, max: usize) -> Result<Vec<usize>, Strin
     Ok(out)
 }
 
-fn backend_list(name: &str, v: &str) -> Result<Vec<Backend>, String> {
+/// Backends in the order given (they are table columns), each once.
+fn backends_parser(v: &str) -> Result<Vec<Backend>, String> {
     let mut out = Vec::new();
     for part in v.split(',').map(str::trim) {
         let b = match part {
@@ -230,14 +242,12 @@ fn backend_list(name: &str, v: &str) -> Result<Vec<Backend>, String> {
             "sharded" => Backend::Sharded,
             _ => {
                 return Err(format!(
-                    "{name} '{v}': unknown backend '{part}' (expected default, rseq or sharded)"
+                    "unknown backend '{part}' (expected default, rseq or sharded)"
                 ))
             }
         };
         if !b.is_available() {
-            return Err(format!(
-                "{name} '{v}': the {b} backend is not available in this process"
-            ));
+            return Err(format!("the {b} backend is not available in this process"));
         }
         if !out.contains(&b) {
             out.push(b);
@@ -249,24 +259,33 @@ fn backend_list(name: &str, v: &str) -> Result<Vec<Backend>, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use clap::error::ErrorKind;
 
-    fn args(s: &str) -> Vec<String> {
-        s.split_whitespace().map(String::from).collect()
+    fn try_run(s: &str, cpus: usize) -> Result<Options, clap::Error> {
+        parse(
+            std::iter::once("copy_size_table").chain(s.split_whitespace()),
+            cpus,
+        )
     }
 
     fn run(s: &str, cpus: usize) -> Options {
-        match parse(&args(s), cpus) {
-            Ok(Parsed::Run(o)) => o,
-            other => panic!("{s}: {other:?}"),
-        }
+        try_run(s, cpus).unwrap_or_else(|e| panic!("{s}: {e}"))
+    }
+
+    #[test]
+    fn the_clap_definition_is_consistent() {
+        Args::command().debug_assert();
+        command(2).debug_assert();
     }
 
     #[test]
     fn defaults_fit_the_budget() {
         let o = run("", 2);
         assert_eq!(o.threads, vec![1, 2]);
-        assert_eq!(o.sizes, DEFAULT_SIZES);
+        assert_eq!(o.sizes, [0, 32, 64, 128, 256, 512]);
         assert_eq!(o.reps, 3);
+        assert_eq!(o.format, Format::Tables);
+        assert_eq!((o.svg, o.scale), (None, Scale::Log));
         assert_eq!(
             o.kinds,
             vec![
@@ -306,30 +325,89 @@ mod tests {
         assert_eq!(o.svg.as_deref(), Some("out.svg"));
         assert_eq!(o.scale, Scale::Linear);
         assert_eq!(o.format, Format::Markdown);
-        assert!(matches!(parse(&args("-h"), 2), Ok(Parsed::Help)));
+        assert_eq!(run("--json", 2).format, Format::Json);
+        // What CI runs.
+        let ci = run("--duration-ms 50 --reps 1", 2);
+        assert_eq!((ci.duration.as_millis(), ci.reps), (50, 1));
+        // A repeated option replaces the earlier value, as before clap.
+        assert_eq!(run("--reps 2 --reps 5 --json --json", 2).reps, 5);
+        assert_eq!(run("--threads 1 --threads 2", 2).threads, vec![2]);
+        for h in ["-h", "--help"] {
+            let e = try_run(h, 2).unwrap_err();
+            assert_eq!((e.kind(), e.exit_code()), (ErrorKind::DisplayHelp, 0));
+        }
+    }
+
+    #[test]
+    fn help_lists_every_option() {
+        let help = command(2).render_long_help().to_string();
+        for flag in [
+            "--duration-ms <N>",
+            "--reps <N>",
+            "--threads <LIST>",
+            "--sizes <LIST>",
+            "--backends <LIST>",
+            "--json",
+            "--markdown",
+            "--svg <PATH>",
+            "--svg-scale <S>",
+            "--help",
+            "555 ms on 2 CPUs",
+            "[default: 0,32,64,128,256,512]",
+            "[possible values: log, linear]",
+            "Exit status 2 means a bad option",
+        ] {
+            assert!(help.contains(flag), "{flag} missing from\n{help}");
+        }
     }
 
     #[test]
     fn bad_options_name_option_and_value() {
         for (line, want) in [
-            ("--reps 0", "--reps '0'"),
-            ("--reps x", "--reps 'x': not a whole number"),
-            ("--duration-ms", "--duration-ms: missing value"),
-            ("--threads 1,3", "--threads '1,3': 3 is out of range"),
-            ("--threads 0", "--threads '0'"),
-            ("--sizes 1,,2", "--sizes '1,,2': '' is not"),
-            ("--backends foo", "unknown backend 'foo'"),
-            ("--json --markdown", "only one of"),
-            ("--svg-scale cubic", "--svg-scale 'cubic'"),
-            ("--frobnicate", "unknown option '--frobnicate'"),
+            ("--reps 0", "'0' for '--reps <N>': 0 is not in 1..=1000"),
+            ("--reps x", "'x' for '--reps <N>'"),
+            ("--duration-ms 600001", "'600001' for '--duration-ms <N>'"),
+            (
+                "--duration-ms",
+                "a value is required for '--duration-ms <N>'",
+            ),
+            (
+                "--threads 1,3",
+                "'1,3' for '--threads <LIST>': 3 is out of range: threads are pinned one per CPU \
+                 and this process may run on 2 CPUs",
+            ),
+            (
+                "--threads 0",
+                "'0' for '--threads <LIST>': 0 is out of range",
+            ),
+            (
+                "--sizes 1,,2",
+                "'1,,2' for '--sizes <LIST>': '' is not a whole number",
+            ),
+            ("--sizes 16777217", "16777217 is out of range"),
+            (
+                "--backends foo",
+                "'foo' for '--backends <LIST>': unknown backend 'foo'",
+            ),
+            (
+                "--json --markdown",
+                "'--json' cannot be used with '--markdown'",
+            ),
+            ("--svg-scale cubic", "'cubic' for '--svg-scale <S>'"),
+            ("--svg=", "'--svg <PATH>'"),
+            ("--frobnicate", "unexpected argument '--frobnicate'"),
         ] {
-            match parse(&args(line), 2) {
-                Err(e) => assert!(e.contains(want), "{line}: {e}"),
-                Ok(p) => panic!("{line} accepted: {p:?}"),
+            match try_run(line, 2) {
+                Err(e) => {
+                    let msg = e.to_string();
+                    assert!(msg.contains(want), "{line}: {msg}");
+                    assert_eq!(e.exit_code(), 2, "{line}: {msg}");
+                }
+                Ok(o) => panic!("{line} accepted: {o:?}"),
             }
         }
         if !Backend::Rseq.is_available() {
-            let e = parse(&args("--backends rseq"), 2).unwrap_err();
+            let e = try_run("--backends rseq", 2).unwrap_err().to_string();
             assert!(e.contains("rseq backend is not available"), "{e}");
         }
     }
