@@ -19,7 +19,7 @@
 //!    0.43 s child→child (6.7 µs/page), linear in size; the kernel's time
 //!    was mostly page-table walking and res_counter charging.
 //!
-//! Run briefly: `cargo bench --bench css -- --warm-up-time 0.3 --measurement-time 1`
+//! Run briefly: `cargo bench --features css --bench css -- --warm-up-time 0.3 --measurement-time 1`
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use percpu_ref::css::{Hierarchy, Options, Pages, Recorder, RefcntMode};

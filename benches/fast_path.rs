@@ -15,10 +15,10 @@
 //! (grace period, fold, confirm), while another thread on the other CPU
 //! does get/put on the same ref; the ref is resurrected between samples.
 //!
-//! After criterion, a summary measured the same way prints the ratios the
-//! README quotes (set `PERCPU_REF_SUMMARY_MS` to change its length, 0 to
-//! skip). Run: `cargo bench --bench fast_path -- --warm-up-time 0.3
-//! --measurement-time 1`.
+//! After criterion, a summary measured the same way prints the ratios that
+//! docs/performance.md quotes (set `PERCPU_REF_SUMMARY_MS` to change its
+//! length, 0 to skip). Run: `cargo bench --bench fast_path --
+//! --warm-up-time 0.3 --measurement-time 1`.
 
 #[path = "common/affinity.rs"]
 mod affinity;

@@ -2,7 +2,7 @@
 //! pages, migrates them (moving their charges), removes the tree, and
 //! prints the recorded css lifecycle.
 //!
-//! Run: `cargo run --release --example css_lifecycle`
+//! Run: `cargo run --release --features css --example css_lifecycle`
 
 use percpu_ref::css::{EventLog, Hierarchy, Pages, Recorder};
 

@@ -7,7 +7,7 @@
 //! and release ordering, and destroy work run by whichever thread gets
 //! `cgroup_mutex`.
 //!
-//! Run: `RUSTFLAGS="--cfg loom" cargo test --release --test loom_css`
+//! Run: `RUSTFLAGS="--cfg loom" cargo test --release --features css --test loom_css`
 #![cfg(loom)]
 
 use loom::sync::atomic::{AtomicBool, Ordering};

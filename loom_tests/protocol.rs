@@ -38,7 +38,7 @@ fn check(preemptions: usize, f: impl Fn() + Sync + Send + 'static) {
         f()
     });
     // Seen with --nocapture: a model that explores one execution checks
-    // one interleaving only (see the README, "How it is checked").
+    // one interleaving only (see docs/reliability.md, "How it is checked").
     eprintln!(
         "{} executions",
         runs.load(std::sync::atomic::Ordering::Relaxed)

@@ -1,5 +1,124 @@
 //! The Linux kernel's per-CPU reference counter (`percpu_ref`,
-//! lib/percpu-refcount.c) for user space.
+//! lib/percpu-refcount.c) for user space, with its kill semantics and an
+//! owning layer that does the counting for you.
+//!
+//! # Which type do I want
+//!
+//! - **[`Owner`], [`Ref`], [`Weak`]** ([`owned`]): one owner, many handles,
+//!   and an end. Start here. The [`Owner`] holds `T` next to the counter,
+//!   and the base reference; [`Owner::get`] hands out [`Ref`]s, which deref
+//!   to `T` (a clone is a per-CPU get, a drop a put). A [`Weak`] keeps only
+//!   the allocation, for lookup tables; [`Weak::tryget_live`] turns it into
+//!   a [`Ref`] until the owner kills. [`Owner::kill`] stops new live
+//!   references and [`Killed::wait`] hands `T` back after the last [`Ref`]
+//!   is dropped; [`Owner::freeze`] is the block layer's queue freeze. No
+//!   `unsafe` in your code. The [`owned`] module docs show the patterns and
+//!   their costs.
+//! - **[`PercpuRef`]**: the kernel's API, method for method ([table
+//!   below](#modes-and-operations)). You do the counting (every `get` and
+//!   every successful `tryget` needs its `put`) and you manage the object.
+//!   `release` is called with only `&PercpuRef`: there is no
+//!   `container_of`, so it cannot reach the object around the counter.
+//!   Pair the counter with storage of your own that `release` signals (a
+//!   flag, a channel, a slot it empties), or use [`Owner`], which is that
+//!   pairing done once. Use it when one owner with many handles is not
+//!   your shape: sticky atomic mode, `reinit`/`resurrect` cycles, `_many`
+//!   counts, your own release protocol.
+//! - **Something else** is the better pick when (figures from
+//!   [*Performance*](#performance)):
+//!   - [`std::sync::Arc`]: clones are rare, or the users stay on one core,
+//!     or objects are many, small or short-lived. What a `PercpuRef` buys
+//!     is scaling: a get + put stays at 3.7 ns with two threads on one
+//!     object, where an `Arc` clone + drop goes from 16 ns (one thread) to
+//!     81 ns. It costs 8 bytes per possible CPU plus 80 per object (an
+//!     `Arc`: 16 bytes of counts) and a kill that waits for a grace period,
+//!     where an `Arc` simply frees at the last drop.
+//!   - [arc-swap](https://docs.rs/arc-swap): a pointer read often and
+//!     replaced now and then (configuration, a routing table). A reader's
+//!     `load` touches no shared count, and the old value goes when its last
+//!     reader drops it. There is no kill; you replace.
+//!   - [crossbeam-epoch](https://docs.rs/crossbeam-epoch): deferred free of
+//!     nodes in a lock-free data structure. A reader pins the epoch once
+//!     instead of counting each object; a removed node is freed when every
+//!     pinned thread has moved on. There is no per-object count, so nothing
+//!     says that the last user of one object has left.
+//!
+//! # Quick start
+//!
+//! ```
+//! use percpu_ref::owned::{Owner, Weak};
+//! use std::collections::HashMap;
+//! use std::sync::RwLock;
+//!
+//! let owner = Owner::new(vec![1u64, 2, 3]);
+//!
+//! // Each thread gets a counted reference. Cloning and dropping it touch
+//! // only the current CPU's counter.
+//! let workers: Vec<_> = (0..4)
+//!     .map(|_| {
+//!         let r = owner.get();
+//!         std::thread::spawn(move || {
+//!             let mut sum = 0;
+//!             for _ in 0..1000 {
+//!                 let r2 = r.clone(); // percpu get
+//!                 sum += r2.iter().sum::<u64>();
+//!             } // percpu put
+//!             sum
+//!         })
+//!     })
+//!     .collect();
+//!
+//! // Lookups hold `Weak`s: they keep the allocation, not the value.
+//! let table: RwLock<HashMap<u32, Weak<Vec<u64>>>> = RwLock::new(HashMap::new());
+//! table.write().unwrap().insert(7, owner.downgrade());
+//! let lookup = |id| table.read().unwrap().get(&id).and_then(Weak::tryget_live);
+//! assert_eq!(lookup(7).map(|r| r.len()), Some(3));
+//!
+//! // Shut down. After kill no new live reference can be made, so lookups
+//! // fail at once; references already held stay valid (and can still be
+//! // cloned) until dropped. wait() returns the value after the last one.
+//! let killed = owner.kill();
+//! assert!(lookup(7).is_none());
+//! table.write().unwrap().remove(&7);
+//! for w in workers {
+//!     assert_eq!(w.join().unwrap(), 6000);
+//! }
+//! assert_eq!(killed.wait(), vec![1, 2, 3]);
+//! ```
+//!
+//! The same with the raw counter, where you count and `release` reports to
+//! storage of your own:
+//!
+//! ```
+//! use percpu_ref::PercpuRef;
+//! use std::sync::atomic::{AtomicUsize, Ordering};
+//! use std::sync::Arc;
+//!
+//! let releases = Arc::new(AtomicUsize::new(0));
+//! let r = Arc::new({
+//!     let releases = releases.clone();
+//!     PercpuRef::new(move |_| {
+//!         releases.fetch_add(1, Ordering::SeqCst);
+//!     })
+//! });
+//! let workers: Vec<_> = (0..4)
+//!     .map(|_| {
+//!         let r = r.clone();
+//!         std::thread::spawn(move || {
+//!             for _ in 0..10_000 {
+//!                 if r.tryget_live() {
+//!                     r.put();
+//!                 }
+//!             }
+//!         })
+//!     })
+//!     .collect();
+//! r.kill().unwrap(); // drops the base reference; tryget_live fails from here on
+//! for w in workers {
+//!     w.join().unwrap();
+//! }
+//! assert_eq!(releases.load(Ordering::SeqCst), 1); // the last put released, once
+//! ```
 //!
 //! # The idea
 //!
@@ -53,35 +172,43 @@
 //! # Backends
 //!
 //! The per-CPU counters have two implementations behind one interface (see
-//! [`Backend`] and the `percpu` module): restartable sequences on Linux
-//! (no atomic instruction on the fast path, `membarrier` as the grace
-//! period) and portable cache-padded shards sealed by the switcher. The
-//! process picks one at first use; [`backend()`] says which.
+//! [`Backend`] and the [`percpu`] module): restartable sequences on Linux
+//! `x86_64` with glibc ≥ 2.35 (no atomic instruction on the fast path,
+//! `membarrier` as the grace period) and portable cache-padded shards
+//! sealed by the switcher. The process picks one at first use;
+//! [`backend()`] says which.
 //!
-//! # Layers
+//! # Features
 //!
-//! - [`PercpuRef`]: the kernel's counter, method for method (table above).
-//! - [`owned`]: an owning RAII layer — [`Owner`], [`Ref`], [`Weak`],
-//!   [`Killed`], [`Frozen`] — in which the type system does the counting:
-//!   hot shared objects, lookup tables with `tryget_live`, and the block
-//!   layer's freeze/unfreeze, with no `unsafe` for the user.
-//! - [`css`]: the cgroup `cgroup_subsys_state` lifecycle that `percpu_ref`
-//!   was built for (mkdir, rmdir, kill, offline, release, free), modelled on
-//!   `PercpuRef`.
+//! The core crate has two runtime dependencies: crossbeam-utils
+//! (`CachePadded` for the portable backend's shards) and, on unix, libc
+//! (rseq, `membarrier`, `sysconf`, `pthread_atfork`).
+//!
+//! - **`css`** (off by default): [`css`], the cgroup
+//!   `cgroup_subsys_state` lifecycle that `percpu_ref` was built for
+//!   (mkdir, rmdir, kill, offline, release, free; tasks and charged
+//!   pages), with the kernel's names, on [`PercpuRef`]. It adds
+//!   crossbeam-epoch (the free one grace period after release, the RCU
+//!   analogue) and arc-swap (the RCU-style `task->cgroups` pointer).
 //!
 //! # Performance
 //!
-//! On a 2-vCPU x86_64 VM with the rseq backend, a get+put pair costs
-//! 1.5 ns on one thread and stays 1.5 ns per thread on two, where an
-//! `AtomicUsize` pair goes from 9.3 ns to 29 ns; a kill costs one
-//! `membarrier` (0.3 µs alone, about 10 µs when another CPU is running one
-//! of the process's threads). Each ref costs 8 bytes per possible CPU plus
-//! 72 bytes. The README has the tables and the commands that measure them.
+//! On a 2-vCPU Intel Xeon VM (Firecracker, Linux 6.18) with the rseq
+//! backend, medians of three runs of `cargo bench --bench peers`, one
+//! thread pinned per CPU on one shared object: a get+put pair costs
+//! 3.74 ns on one thread and 3.73 ns per thread on two, where an `Arc`
+//! clone + drop goes from 16.18 ns to 80.68 ns (`ArcSwap::load`: 12.94 ns
+//! on both; `crossbeam_epoch::pin`: 7.23 ns and 10.12 ns). A kill with the
+//! other CPU busy on the ref took 18.9–19.2 µs there (one `membarrier`,
+//! which in a VM costs a VM exit; `cargo bench --bench fast_path`). Each
+//! ref costs 8 bytes per possible CPU plus 80 bytes. The tables, the
+//! kernel's 2013 copy-size table reproduced and the commands:
+//! [docs/performance.md](https://docs.rs/crate/percpu-ref/latest/source/docs/performance.md).
 //!
 //! # Reliability
 //!
-//! What holds whatever safe code does (each item is tested; the README's
-//! *Reliability* section names the tests):
+//! What holds whatever safe code does (each item is tested;
+//! [docs/reliability.md](https://docs.rs/crate/percpu-ref/latest/source/docs/reliability.md) names the tests):
 //!
 //! - **No undefined behaviour from safe code.** Misuse gets an [`Error`]
 //!   that names the operation, or a panic that names the operation and
@@ -117,39 +244,20 @@
 //!   of more than 2^46 per-CPU calls; one of more than about 2^47 such
 //!   calls between two switches would read as an underflow.
 //! - Dropping a `PercpuRef` does not run `release` (as `percpu_ref_exit`).
+//! - Threads that use a `PercpuRef` must be made by the C library
+//!   (`pthread_create`) or by `std::thread`: the rseq fast path relies on
+//!   the rseq area glibc registers for each such thread, and a thread made
+//!   with a raw `clone` system call could commit a per-CPU add on the
+//!   wrong CPU. This cannot be detected cheaply.
 //!
-//! # Example
-//!
-//! ```
-//! use percpu_ref::PercpuRef;
-//! use std::sync::atomic::{AtomicUsize, Ordering};
-//! use std::sync::Arc;
-//!
-//! let releases = Arc::new(AtomicUsize::new(0));
-//! let r = Arc::new({
-//!     let releases = releases.clone();
-//!     PercpuRef::new(move |_| {
-//!         releases.fetch_add(1, Ordering::SeqCst);
-//!     })
-//! });
-//! let workers: Vec<_> = (0..4)
-//!     .map(|_| {
-//!         let r = r.clone();
-//!         std::thread::spawn(move || {
-//!             for _ in 0..10_000 {
-//!                 r.get();
-//!                 r.put();
-//!             }
-//!         })
-//!     })
-//!     .collect();
-//! for w in workers {
-//!     w.join().unwrap();
-//! }
-//! r.kill().unwrap(); // the base reference was the last one
-//! assert_eq!(releases.load(Ordering::SeqCst), 1);
-//! ```
-
+// The `css` module exists only with the `css` feature; without it the
+// crate docs link to its page on docs.rs (built with every feature), so
+// that `cargo doc` has no broken intra-doc link either way.
+#![cfg_attr(feature = "css", doc = "[`css`]: crate::css")]
+#![cfg_attr(
+    not(feature = "css"),
+    doc = "[`css`]: https://docs.rs/percpu-ref/latest/percpu_ref/css/"
+)]
 #![deny(unsafe_op_in_unsafe_fn)]
 #![warn(missing_docs)]
 #![cfg_attr(docsrs, feature(doc_cfg))]
