@@ -86,7 +86,7 @@ fn charge_uncharge(c: &mut Criterion) {
             });
             drop(css);
             h.rmdir(&cg).unwrap();
-            h.flush();
+            assert!(h.flush());
         }
         let count = AtomicUsize::new(1);
         g.bench_with_input(
@@ -139,7 +139,7 @@ fn move_charge(c: &mut Criterion) {
     drop((cr, ca, cb));
     h.rmdir(&a).unwrap();
     h.rmdir(&b).unwrap();
-    h.flush();
+    assert!(h.flush());
 }
 
 criterion_group!(benches, charge_uncharge, move_charge);

@@ -53,7 +53,7 @@ fn main() {
         h.rmdir(cg).unwrap();
         println!("rmdir {}", cg.path());
     }
-    h.flush();
+    assert!(h.flush());
     println!("after rmdir: /a/b freed; /a/c (pinned by pages) and /a (pinned by /a/c) offline; /d online: css_count {}", h.nr_css());
     drop(pages_c);
     println!("uncharged tc's pages");

@@ -118,7 +118,7 @@ pub(crate) fn classify_fold(v: u64) -> Fold {
     match v {
         1..=TRUE_MAX => Fold::Exact,
         _ if v != 0 && v <= 1 << 63 => Fold::Overflow(v),
-        _ => Fold::Underflow(v as i64),
+        _ => Fold::Underflow(v.cast_signed()),
     }
 }
 

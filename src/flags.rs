@@ -39,16 +39,19 @@ impl InitFlags {
     ];
 
     /// No flags: percpu mode, count 1, no reinit.
+    #[must_use]
     pub const fn empty() -> InitFlags {
         InitFlags(0)
     }
 
     /// Whether every flag in `other` is set in `self`.
+    #[must_use]
     pub const fn contains(self, other: InitFlags) -> bool {
         self.0 & other.0 == other.0
     }
 
     /// The raw bits.
+    #[must_use]
     pub const fn bits(self) -> u8 {
         self.0
     }

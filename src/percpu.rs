@@ -33,7 +33,7 @@
 //!
 //! - [`Backend::Sharded`] (`percpu/sharded.rs`): cache-padded atomic shards
 //!   that the switcher *seals*; portable, loom-checkable as is.
-//! - [`Backend::Rseq`] (`percpu/rseq.rs`, Linux x86_64): true per-CPU
+//! - [`Backend::Rseq`] (`percpu/rseq.rs`, Linux `x86_64`): true per-CPU
 //!   counting with a restartable sequence on glibc's rseq area, a
 //!   `membarrier` grace period (`percpu/rseq_abi.rs`) and counters in a
 //!   per-CPU arena (`percpu/arena.rs`, see [`arena_stats`]). Other targets,
@@ -65,7 +65,7 @@ pub use rseq_abi::force_fake_area_for_instruction_counting;
 ///
 /// Every ref on the rseq backend owns one slot: 8 bytes in each possible
 /// CPU's region. See [`arena_stats`]. The type and the function exist on
-/// every target; where the rseq backend is not built (anything but x86_64
+/// every target; where the rseq backend is not built (anything but `x86_64`
 /// Linux, and Miri) there is no arena and every field is 0.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 #[non_exhaustive]
@@ -88,7 +88,7 @@ pub struct ArenaStats {
 /// The per-CPU arena's accounting, for the whole process.
 ///
 /// The slot counts are zero until a ref on the rseq backend is made. Where
-/// the rseq backend is not built (targets other than x86_64 Linux, Miri)
+/// the rseq backend is not built (targets other than `x86_64` Linux, Miri)
 /// every field is 0: the sharded backend keeps its counters with each ref,
 /// and [`PercpuRef::percpu_bytes`](crate::PercpuRef::percpu_bytes) reports them.
 ///
@@ -104,6 +104,7 @@ pub struct ArenaStats {
 ///     assert!(arena_stats().live_slots >= 1);
 /// }
 /// ```
+#[must_use]
 pub fn arena_stats() -> ArenaStats {
     #[cfg(percpu_ref_rseq)]
     {
@@ -129,6 +130,7 @@ pub fn arena_stats() -> ArenaStats {
 /// // ... per-CPU traffic ...
 /// assert!(percpu_ref::percpu::rseq_aborts() >= before);
 /// ```
+#[must_use]
 pub fn rseq_aborts() -> u64 {
     #[cfg(percpu_ref_rseq)]
     {
@@ -188,6 +190,7 @@ pub enum Backend {
 
 impl Backend {
     /// The backend's name as used by `PERCPU_REF_BACKEND`.
+    #[must_use]
     pub fn name(self) -> &'static str {
         match self {
             Backend::Rseq => "rseq",
@@ -197,7 +200,7 @@ impl Backend {
 
     /// Whether this backend can be used in this process.
     ///
-    /// For [`Backend::Rseq`] this is decided once per process: Linux x86_64,
+    /// For [`Backend::Rseq`] this is decided once per process: Linux `x86_64`,
     /// glibc registered its rseq area for this thread (glibc >= 2.35, not
     /// disabled by `GLIBC_TUNABLES=glibc.pthread.rseq=0`, not under
     /// valgrind), and the kernel accepts the `membarrier` RSEQ registration.
@@ -213,6 +216,7 @@ impl Backend {
     /// # // (unless PERCPU_REF_BACKEND=sharded overrides the default)
     /// # let _ = std::env::var("PERCPU_REF_BACKEND");
     /// ```
+    #[must_use]
     pub fn is_available(self) -> bool {
         match self {
             Backend::Sharded => true,
@@ -243,6 +247,7 @@ impl fmt::Display for Backend {
 /// ignored (the default is used); either prints one warning line on stderr,
 /// once per process, naming the variable, its value and the valid values.
 /// An empty value is the same as none.
+#[must_use]
 pub fn backend() -> Backend {
     #[cfg(loom)]
     {
@@ -296,6 +301,10 @@ const BACKEND_VAR: &str = "PERCPU_REF_BACKEND";
 /// The backend for this process, and the warning to print about
 /// `PERCPU_REF_BACKEND` if its value was not honoured.
 #[cfg(not(loom))]
+#[allow(
+    clippy::unnecessary_debug_formatting,
+    reason = "the value is quoted and escaped on purpose: a stray space or a non-UTF-8 byte shows"
+)]
 fn detect_backend() -> (Backend, Option<String>) {
     let default = if Backend::Rseq.is_available() {
         Backend::Rseq
@@ -319,9 +328,8 @@ fn detect_backend() -> (Backend, Option<String>) {
         _ => (
             default,
             Some(format!(
-                "percpu_ref: warning: ignoring {BACKEND_VAR}={:?}: valid values are `rseq` and \
-                 `sharded`; using the default, {default}",
-                wanted
+                "percpu_ref: warning: ignoring {BACKEND_VAR}={wanted:?}: valid values are `rseq` \
+                 and `sharded`; using the default, {default}"
             )),
         ),
     }
@@ -389,7 +397,9 @@ impl Counters {
             #[cfg(percpu_ref_rseq)]
             fast_base: match &kind {
                 Kind::Rseq(r) => r.base(),
-                _ => std::ptr::NonNull::dangling().as_ptr(),
+                #[cfg(loom)]
+                Kind::Model(_) => std::ptr::NonNull::dangling().as_ptr(),
+                Kind::Sharded(_) => std::ptr::NonNull::dangling().as_ptr(),
             },
             kind,
         }
@@ -483,6 +493,13 @@ impl Counters {
 
     /// Waits until no `try_add` can count any more; returns the sum. On an
     /// error nothing was sealed.
+    #[cfg_attr(
+        not(percpu_ref_rseq),
+        allow(
+            clippy::unnecessary_wraps,
+            reason = "only the rseq backend's grace period (membarrier) can fail"
+        )
+    )]
     pub(crate) fn seal_and_sum(&self) -> std::io::Result<u64> {
         match &self.kind {
             #[cfg(percpu_ref_rseq)]

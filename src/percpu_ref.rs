@@ -1,4 +1,4 @@
-//! The percpu_ref protocol: modes, switches, kill and release.
+//! The `percpu_ref` protocol: modes, switches, kill and release.
 //!
 //! This is lib/percpu-refcount.c made synchronous. A ref is a mode word,
 //! per-CPU counters ([`Counters`]) and one atomic counter
@@ -153,6 +153,7 @@ impl PercpuRef {
     /// A ref in percpu mode holding one (base) reference, on the process's
     /// default [`backend`](crate::backend). `release` runs when the count
     /// reaches zero, which can only happen after [`kill`](Self::kill).
+    #[must_use]
     pub fn new(release: impl Fn(&PercpuRef) + Send + Sync + 'static) -> Self {
         Self::with_flags(release, InitFlags::empty())
     }
@@ -169,18 +170,26 @@ impl PercpuRef {
     /// r.reinit().unwrap(); // alive again, count 1, percpu mode
     /// assert!(r.is_percpu() && r.tryget_live());
     /// ```
+    #[must_use]
     pub fn with_flags(
         release: impl Fn(&PercpuRef) + Send + Sync + 'static,
         flags: InitFlags,
     ) -> Self {
         match Self::with_backend(release, flags, backend()) {
             Ok(r) => r,
-            Err(e) => panic!("{e}"),
+            // `backend()` only picks a backend that is available, and
+            // availability is decided once per process.
+            Err(e) => unreachable!("the default backend is available: {e}"),
         }
     }
 
     /// A ref on a chosen per-CPU backend, for comparing backends side by
-    /// side. Fails when `backend` cannot run in this process.
+    /// side.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::BackendUnavailable`] when `backend` cannot run in this
+    /// process (see [`Backend::is_available`]).
     ///
     /// # Examples
     ///
@@ -234,7 +243,7 @@ impl PercpuRef {
     /// count is left unchanged.
     #[inline]
     pub fn get(&self) {
-        self.get_many(1)
+        self.get_many(1);
     }
 
     /// Takes `n` references. The caller must already hold one.
@@ -283,7 +292,7 @@ impl PercpuRef {
     /// count is zero and stays so).
     #[inline]
     pub fn put(&self) {
-        self.put_many(1)
+        self.put_many(1);
     }
 
     /// Drops `n` references; the last one runs `release`.
@@ -346,7 +355,7 @@ impl PercpuRef {
                 // SAFETY: ours was the last reference: nobody can free the
                 // ref before its release has run.
                 let r = unsafe { &*this };
-                (r.release)(r)
+                (r.release)(r);
             }
             PutOutcome::Underflow { count } => {
                 panic!("{}", underflow_message("put_many", n, count))
@@ -359,7 +368,29 @@ impl PercpuRef {
     /// # Panics
     ///
     /// On an overflow, as [`get`](Self::get).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// #![deny(unused_must_use)]
+    /// let r = percpu_ref::PercpuRef::new(|_| {});
+    /// if r.tryget() {
+    ///     // ... use what the ref guards ...
+    ///     r.put();
+    /// }
+    /// ```
+    ///
+    /// A `true` result is a reference: ignoring it leaks one, so it is
+    /// `#[must_use]` (a warning by default, an error here):
+    ///
+    /// ```compile_fail
+    /// #![deny(unused_must_use)]
+    /// let r = percpu_ref::PercpuRef::new(|_| {});
+    /// r.tryget();
+    /// ```
     #[inline]
+    #[must_use = "a `true` result is a reference taken: dropping it without a matching `put` \
+                  leaks that reference, and the ref is never released"]
     pub fn tryget(&self) -> bool {
         self.tryget_many(1)
     }
@@ -370,6 +401,8 @@ impl PercpuRef {
     ///
     /// If `n` is above 2^62 - 1, or on an overflow.
     #[inline]
+    #[must_use = "a `true` result is `n` references taken: dropping it without a matching `put` \
+                  leaks them, and the ref is never released"]
     pub fn tryget_many(&self, n: usize) -> bool {
         let n = checked_n("tryget_many", n);
         self.try_add_percpu(n, n) || self.tryget_atomic("tryget_many", n)
@@ -397,6 +430,8 @@ impl PercpuRef {
     ///
     /// On an overflow, as [`get`](Self::get).
     #[inline]
+    #[must_use = "a `true` result is a reference taken: dropping it without a matching `put` \
+                  leaks that reference, and the ref is never released"]
     pub fn tryget_live(&self) -> bool {
         self.counters.try_add(&self.mode, 1) || self.tryget_live_atomic()
     }
@@ -422,6 +457,8 @@ impl PercpuRef {
     /// [`Error::AlreadyDead`] if the ref is already dead;
     /// [`Error::GracePeriodFailed`] if the kernel refused the grace period.
     /// Nothing changes on error.
+    #[must_use = "an `Err` means this call killed nothing and dropped no reference (the ref was \
+                  already dead, or the grace period was refused and the ref is unchanged)"]
     pub fn kill(&self) -> Result<(), Error> {
         self.kill_and_confirm(|_| {})
     }
@@ -454,6 +491,8 @@ impl PercpuRef {
     /// r.kill_and_confirm(|r| assert!(!r.tryget_live())).unwrap();
     /// assert!(r.kill().is_err());
     /// ```
+    #[must_use = "an `Err` means this call killed nothing, dropped no reference and did not run \
+                  `confirm` (the ref was already dead, or the grace period was refused)"]
     pub fn kill_and_confirm(&self, confirm: impl FnOnce(&PercpuRef)) -> Result<(), Error> {
         let mut g = self.lock_switch("kill_and_confirm");
         let mode = self.mode();
@@ -507,7 +546,7 @@ impl PercpuRef {
     /// assert!(r.is_percpu());
     /// ```
     pub fn switch_to_atomic(&self) {
-        self.switch_to_atomic_and_confirm(|_| {})
+        self.switch_to_atomic_and_confirm(|_| {});
     }
 
     /// The kernel's name for [`switch_to_atomic`](Self::switch_to_atomic)
@@ -517,7 +556,7 @@ impl PercpuRef {
     ///
     /// As [`switch_to_atomic_and_confirm`](Self::switch_to_atomic_and_confirm).
     pub fn switch_to_atomic_sync(&self) {
-        self.switch_to_atomic()
+        self.switch_to_atomic();
     }
 
     /// As [`switch_to_atomic`](Self::switch_to_atomic), running `confirm`
@@ -570,6 +609,7 @@ impl PercpuRef {
     /// assert!(matches!(r.switch_to_percpu(), Err(Error::Released { .. })));
     /// assert!(!r.tryget());
     /// ```
+    #[must_use = "an `Err` means nothing changed: the ref stays in atomic mode, still sticky"]
     pub fn switch_to_percpu(&self) -> Result<(), Error> {
         let mut g = self.lock_switch("switch_to_percpu");
         let mode = self.mode();
@@ -616,6 +656,8 @@ impl PercpuRef {
     /// r.resurrect().unwrap();
     /// assert!(r.tryget_live() && r.is_percpu());
     /// ```
+    #[must_use = "an `Err` means nothing changed: the ref was not revived and took no new base \
+                  reference"]
     pub fn resurrect(&self) -> Result<(), Error> {
         let mut g = self.lock_switch("resurrect");
         if self.mode() & MODE_DEAD == 0 {
@@ -633,6 +675,8 @@ impl PercpuRef {
     /// [`Error::NotZero`] if the count is not zero;
     /// [`Error::ReinitNotAllowed`] as for `resurrect`. Nothing changes on
     /// error.
+    #[must_use = "an `Err` means nothing changed: the ref was not re-initialised and took no new \
+                  base reference"]
     pub fn reinit(&self) -> Result<(), Error> {
         let mut g = self.lock_switch("reinit");
         if self.mode() & MODE_ATOMIC == 0 {
@@ -686,16 +730,19 @@ impl PercpuRef {
     /// A snapshot, as the kernel's `percpu_ref_is_zero` (a plain read): it
     /// does not synchronise with the last put. Hand data over through the
     /// `release` callback (which runs after the last put) instead.
+    #[must_use]
     pub fn is_zero(&self) -> bool {
         self.mode() & MODE_ATOMIC != 0 && self.count.load() == 0
     }
 
     /// True once the ref was killed (until revived).
+    #[must_use]
     pub fn is_dying(&self) -> bool {
         self.mode() & MODE_DEAD != 0
     }
 
     /// True while get/put count per CPU.
+    #[must_use]
     pub fn is_percpu(&self) -> bool {
         self.mode() & MODE_ATOMIC == 0
     }
@@ -704,6 +751,7 @@ impl PercpuRef {
     /// atomic is folding the per-CPU counts in, or after an underflow or
     /// overflow. The value can be stale as soon as it is returned; it is
     /// meant for diagnostics and tests.
+    #[must_use]
     pub fn atomic_count(&self) -> Option<u64> {
         if self.is_percpu() {
             return None;
@@ -713,11 +761,13 @@ impl PercpuRef {
     }
 
     /// The per-CPU backend this ref counts on.
+    #[must_use]
     pub fn backend(&self) -> Backend {
         self.counters.backend()
     }
 
     /// Bytes of per-CPU counter storage this ref owns.
+    #[must_use]
     pub fn percpu_bytes(&self) -> usize {
         self.counters.storage_bytes()
     }
@@ -738,12 +788,11 @@ impl PercpuRef {
 
     fn lock_switch(&self, op: &'static str) -> SwitchGuard<'_> {
         let me = sync::thread_token();
-        if self.switch_owner.load(std::sync::atomic::Ordering::Relaxed) == me {
-            panic!(
-                "percpu_ref::{op} called from inside a confirm callback on the same ref: \
-                 switches are serialised, so this would deadlock"
-            );
-        }
+        assert!(
+            self.switch_owner.load(std::sync::atomic::Ordering::Relaxed) != me,
+            "percpu_ref::{op} called from inside a confirm callback on the same ref: \
+             switches are serialised, so this would deadlock"
+        );
         let state = sync::lock(&self.switch);
         self.switch_owner
             .store(me, std::sync::atomic::Ordering::Relaxed);

@@ -60,5 +60,5 @@ pub(crate) fn thread_token() -> usize {
     loom::thread_local! { static TOKEN: u8 = 0; }
     #[cfg(not(loom))]
     std::thread_local! { static TOKEN: u8 = const { 0 }; }
-    TOKEN.with(|t| t as *const u8 as usize)
+    TOKEN.with(|t| std::ptr::from_ref(t) as usize)
 }

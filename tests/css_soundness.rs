@@ -597,3 +597,27 @@ fn failed_charge_takes_no_reference() {
     assert_eq!(h.nr_css(), 0, "the failed charge leaked references");
     assert_eq!(check_lifecycle(&rec.events()), 1);
 }
+
+// ----- issue 15: css ids are u32 ---------------------------------------------
+
+/// A table of more ids than `u32` holds is refused up front with a message
+/// naming the option, not truncated (ids would wrap and alias).
+#[cfg(target_pointer_width = "64")]
+#[test]
+fn max_css_ids_above_u32_panics_clearly() {
+    let p = catch_unwind(|| {
+        Hierarchy::with_options(
+            vec![Recorder::new("io")],
+            Options {
+                max_css_ids: (1 << 32) + 1,
+                ..Options::default()
+            },
+        )
+    })
+    .expect_err("a table of 2^32 + 1 ids must be refused");
+    let msg = panic_message(&*p);
+    assert!(
+        msg.contains("max_css_ids") && msg.contains("4294967297"),
+        "{msg}"
+    );
+}

@@ -74,7 +74,8 @@ pub struct Options {
     pub refcnt: RefcntMode,
     /// When destroy work runs.
     pub work: WorkMode,
-    /// Size of each subsystem's id table (ids `1..max_css_ids`).
+    /// Size of each subsystem's id table (ids `1..max_css_ids`); at most
+    /// 2^32, as ids are `u32`.
     pub max_css_ids: usize,
 }
 
@@ -283,21 +284,25 @@ impl Cgroup {
     }
 
     /// The cgroup's name (`""` for the root).
+    #[must_use]
     pub fn name(&self) -> &str {
         &self.node.name
     }
 
     /// The cgroup's path (`/` for the root).
+    #[must_use]
     pub fn path(&self) -> &str {
         &self.node.path
     }
 
     /// The parent cgroup.
+    #[must_use]
     pub fn parent(&self) -> Option<Cgroup> {
         self.node.parent.clone().map(Cgroup::from_node)
     }
 
     /// False once `rmdir` removed it.
+    #[must_use]
     pub fn is_online(&self) -> bool {
         // ordering-audit: Relaxed: a snapshot of a flag changed under cgroup_mutex; it publishes
         // nothing.
@@ -305,6 +310,7 @@ impl Cgroup {
     }
 
     /// Tasks attached to this cgroup.
+    #[must_use]
     pub fn nr_tasks(&self) -> usize {
         // ordering-audit: Relaxed: a statistic; no memory is handed over through it.
         self.node.nr_tasks.load(Ordering::Relaxed)
@@ -314,6 +320,7 @@ impl Cgroup {
     /// (`cgroup_css` under RCU, then `css_tryget_online`). `None` once the
     /// cgroup was removed (for the root cgroup: once its hierarchy was
     /// dropped), or if `ssid` is out of range.
+    #[must_use = "a `Some` is a reference taken; dropping it at once puts it again"]
     pub fn css(&self, ssid: usize) -> Option<CssRef> {
         let slot = self.node.subsys.get(ssid)?;
         if self.node.parent.is_none() {
@@ -496,12 +503,11 @@ impl Inner {
     /// If this thread already holds it (a subsystem callback calling back
     /// into the hierarchy).
     pub(crate) fn cgroup_lock<'a>(self: &'a Arc<Self>, op: &str) -> CgroupMutexGuard<'a> {
-        if self.holds_cgroup_mutex() {
-            panic!(
-                "css hierarchy: {op} called with cgroup_mutex held by this thread \
-                 (from a subsystem callback?); it would deadlock"
-            );
-        }
+        assert!(
+            !self.holds_cgroup_mutex(),
+            "css hierarchy: {op} called with cgroup_mutex held by this thread \
+             (from a subsystem callback?); it would deadlock"
+        );
         let g = sync::lock(&self.cgroup_mutex);
         self.set_owner();
         self.guard_for(g, self.opts.work == WorkMode::Inline)
@@ -744,6 +750,7 @@ impl Hierarchy {
     /// # Panics
     ///
     /// If `subsys` is empty or a subsystem refuses its root css.
+    #[must_use]
     pub fn new(subsys: Vec<Arc<dyn Subsys>>) -> Hierarchy {
         Self::with_options(subsys, Options::default())
     }
@@ -752,9 +759,16 @@ impl Hierarchy {
     ///
     /// # Panics
     ///
-    /// As [`new`](Self::new).
+    /// As [`new`](Self::new), and if `opts.max_css_ids` is above 2^32.
     pub fn with_options(subsys: Vec<Arc<dyn Subsys>>, opts: Options) -> Hierarchy {
         assert!(!subsys.is_empty(), "Hierarchy::new: no subsystems");
+        assert!(
+            opts.max_css_ids
+                .checked_sub(1)
+                .is_none_or(|max| u32::try_from(max).is_ok()),
+            "Hierarchy::with_options: max_css_ids = {} is above 2^32 (css ids are u32)",
+            opts.max_css_ids
+        );
         let hid = NEXT_HIERARCHY.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let root = Arc::new(CgroupNode::new(
             hid,
@@ -821,16 +835,23 @@ impl Hierarchy {
     }
 
     /// The root cgroup.
+    #[must_use]
     pub fn root(&self) -> Cgroup {
         Cgroup::from_node(self.inner.root.clone())
     }
 
     /// The number of subsystems; their ids are `0..nr_subsys()`.
+    #[must_use]
     pub fn nr_subsys(&self) -> usize {
         self.inner.subsys.len()
     }
 
     /// Subsystem `ssid`'s name.
+    ///
+    /// # Panics
+    ///
+    /// If `ssid` is not below [`nr_subsys`](Self::nr_subsys).
+    #[must_use]
     pub fn subsys_name(&self, ssid: usize) -> &str {
         self.inner.subsys[ssid].name()
     }
@@ -844,6 +865,13 @@ impl Hierarchy {
     /// [`CgroupError::Exists`], [`CgroupError::InvalidName`],
     /// [`CgroupError::IdsExhausted`], [`CgroupError::SubsysRefused`],
     /// [`CgroupError::WrongHierarchy`].
+    ///
+    /// # Panics
+    ///
+    /// If called from a subsystem callback of this hierarchy (this thread
+    /// holds `cgroup_mutex`: it would deadlock), and with the first panic
+    /// of a subsystem callback that the step ran, once the step is complete
+    /// (see [`Subsys`], *Panics in callbacks*).
     pub fn mkdir(&self, parent: &Cgroup, name: &str) -> Result<Cgroup, CgroupError> {
         if name.is_empty() || name.contains('/') {
             return Err(CgroupError::InvalidName {
@@ -904,6 +932,13 @@ impl Hierarchy {
     /// [`CgroupError::Busy`] while tasks are attached or children exist;
     /// [`CgroupError::Removed`], [`CgroupError::Root`],
     /// [`CgroupError::WrongHierarchy`].
+    ///
+    /// # Panics
+    ///
+    /// If called from a subsystem callback of this hierarchy (this thread
+    /// holds `cgroup_mutex`: it would deadlock), and with the first panic
+    /// of a subsystem callback that the step ran, once the step is complete
+    /// (see [`Subsys`], *Panics in callbacks*).
     pub fn rmdir(&self, cg: &Cgroup) -> Result<(), CgroupError> {
         let inner = &self.inner;
         inner.check("rmdir", cg)?;
@@ -938,7 +973,7 @@ impl Hierarchy {
             // (`is_online`).
             cg.node.online.store(false, Ordering::Relaxed);
             sync::lock(&parent.children).remove(cg.name());
-            for slot in cg.node.subsys.iter() {
+            for slot in &cg.node.subsys {
                 // ordering-audit: Relaxed: the slot is written under cgroup_mutex, which we hold.
                 let p = CssPtr::from_raw(slot.load(Ordering::Relaxed))
                     .expect("rmdir: an online cgroup has an online css per subsystem");
@@ -984,6 +1019,7 @@ impl Hierarchy {
     /// } // `h` is dropped here
     /// assert!(root_css.is_root());
     /// ```
+    #[must_use]
     pub fn css_from_id<'a>(&'a self, ssid: usize, id: u32, guard: &'a RcuGuard) -> Option<&'a Css> {
         let _ = guard;
         let p = CssPtr::from_raw(self.inner.idrs.get(ssid)?.find(id))?;
@@ -996,24 +1032,31 @@ impl Hierarchy {
         Some(css)
     }
 
-    /// Makes a task in `cg` (its css_set takes a reference on each css).
+    /// Makes a task in `cg` (its `css_set` takes a reference on each css).
     ///
     /// # Errors
     ///
     /// [`CgroupError::Removed`] if `cg` was removed;
     /// [`CgroupError::WrongHierarchy`].
+    ///
+    /// # Panics
+    ///
+    /// If called from a subsystem callback of this hierarchy (this thread
+    /// holds `cgroup_mutex`: it would deadlock), and with the first panic
+    /// of a subsystem callback that the step ran, once the step is complete
+    /// (see [`Subsys`], *Panics in callbacks*).
     pub fn spawn(&self, cg: &Cgroup) -> Result<super::Task, CgroupError> {
         let inner = &self.inner;
         inner.check("spawn", cg)?;
         inner.locked("spawn", |_| {
-            let set = self.css_set_locked("spawn", cg)?;
+            let set = Self::css_set_locked("spawn", cg)?;
             // ordering-audit: Relaxed: a statistic; no memory is handed over through it.
             cg.node.nr_tasks.fetch_add(1, Ordering::Relaxed);
             Ok(super::Task::new(inner.hid, set))
         })
     }
 
-    /// `cgroup_attach_task`: moves `task` to `cg`, swapping its css_set
+    /// `cgroup_attach_task`: moves `task` to `cg`, swapping its `css_set`
     /// (readers holding the old set keep its references until they drop
     /// it).
     ///
@@ -1021,6 +1064,13 @@ impl Hierarchy {
     ///
     /// [`CgroupError::Removed`] if `cg` was removed;
     /// [`CgroupError::WrongHierarchy`].
+    ///
+    /// # Panics
+    ///
+    /// If called from a subsystem callback of this hierarchy (this thread
+    /// holds `cgroup_mutex`: it would deadlock), and with the first panic
+    /// of a subsystem callback that the step ran, once the step is complete
+    /// (see [`Subsys`], *Panics in callbacks*).
     pub fn attach(&self, task: &super::Task, cg: &Cgroup) -> Result<(), CgroupError> {
         let inner = &self.inner;
         inner.check("attach", cg)?;
@@ -1031,7 +1081,7 @@ impl Hierarchy {
             });
         }
         let old = inner.locked("attach", |_| {
-            let set = self.css_set_locked("attach", cg)?;
+            let set = Self::css_set_locked("attach", cg)?;
             // ordering-audit: Relaxed: a statistic; no memory is handed over through it.
             cg.node.nr_tasks.fetch_add(1, Ordering::Relaxed);
             let old = task.swap_css_set(set);
@@ -1045,11 +1095,7 @@ impl Hierarchy {
         Ok(())
     }
 
-    fn css_set_locked(
-        &self,
-        op: &'static str,
-        cg: &Cgroup,
-    ) -> Result<Arc<super::CssSet>, CgroupError> {
+    fn css_set_locked(op: &'static str, cg: &Cgroup) -> Result<Arc<super::CssSet>, CgroupError> {
         if !cg.is_online() {
             return Err(CgroupError::Removed {
                 op,
@@ -1079,6 +1125,10 @@ impl Hierarchy {
     /// After the work ran, with the first panic of a subsystem callback in
     /// it, or one kept from destroy work that ran with no caller (see
     /// [`Subsys`], *Panics in callbacks*).
+    #[allow(
+        clippy::must_use_candidate,
+        reason = "called for the work it runs; the count is a diagnostic"
+    )]
     pub fn run_destroy_work(&self) -> usize {
         let inner = &self.inner;
         inner.locked("run_destroy_work", |g| {
@@ -1098,6 +1148,8 @@ impl Hierarchy {
     ///
     /// As [`run_destroy_work`](Self::run_destroy_work), once the wait is
     /// over.
+    #[must_use = "`false` means destroy work or a grace period is still pending (a thread stayed \
+                  in an RCU read section): csses are not all freed yet"]
     pub fn flush(&self) -> bool {
         let mut caught = CallbackPanics::default();
         let done = self.flush_inner(&mut caught);
@@ -1148,12 +1200,18 @@ impl Hierarchy {
     }
 
     /// Non-root csses allocated and not yet freed.
+    #[must_use]
     pub fn nr_css(&self) -> usize {
         // ordering-audit: Relaxed: a statistic; no memory is handed over through it.
         self.inner.nr_css.load(Ordering::Relaxed)
     }
 
     /// Css ids in use in subsystem `ssid` (the root's included).
+    ///
+    /// # Panics
+    ///
+    /// If `ssid` is not below [`nr_subsys`](Self::nr_subsys).
+    #[must_use]
     pub fn nr_css_ids(&self, ssid: usize) -> usize {
         self.inner.idrs[ssid].in_use()
     }

@@ -36,6 +36,10 @@ fn null_slots(n: usize) -> Box<[AtomicPtr<Css>]> {
     use std::alloc::{alloc_zeroed, handle_alloc_error, Layout};
     assert!(n > 0);
     let layout = Layout::array::<AtomicPtr<Css>>(n).expect("css idr: table too large");
+    #[allow(
+        clippy::cast_ptr_alignment,
+        reason = "`layout` is the array's, so the allocation has `AtomicPtr`'s alignment"
+    )]
     // SAFETY: `layout` has a non-zero size (`n > 0`, and `AtomicPtr` is not
     // zero-sized).
     let p = unsafe { alloc_zeroed(layout) }.cast::<AtomicPtr<Css>>();
@@ -57,7 +61,18 @@ fn null_slots(n: usize) -> Box<[AtomicPtr<Css>]> {
 
 impl Idr {
     /// A table for ids `1..capacity`.
+    ///
+    /// # Panics
+    ///
+    /// If `capacity` is above 2^32: ids are `u32`, as the kernel's css ids
+    /// are `int`s (the hierarchy checks `max_css_ids` first).
     pub(crate) fn new(capacity: usize) -> Idr {
+        assert!(
+            capacity
+                .checked_sub(1)
+                .is_none_or(|max| u32::try_from(max).is_ok()),
+            "css idr: a table of {capacity} ids does not fit u32 ids (at most 2^32)"
+        );
         let capacity = capacity.max(2);
         Idr {
             slots: null_slots(capacity),
@@ -79,7 +94,10 @@ impl Idr {
         a.used[id] = true;
         a.in_use += 1;
         a.next = if id + 1 >= cap { min } else { id + 1 };
-        Some(id as u32)
+        // Below `cap`, which `new` keeps at most 2^32.
+        Some(
+            u32::try_from(id).unwrap_or_else(|_| panic!("css idr: alloc found id {id}, above u32")),
+        )
     }
 
     /// Makes `css` visible to lookups under `id`.

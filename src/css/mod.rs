@@ -110,7 +110,7 @@
 //!   css pins its parent and holds the hierarchy, so the hierarchy lives
 //!   until its last handle is dropped and every non-root css was freed;
 //! - a [`CssRef`] or [`CssRefs`] on the root, a [`Task`] in the root
-//!   cgroup (its css_set) and [`Pages`] charged to the root each hold
+//!   cgroup (its `css_set`) and [`Pages`] charged to the root each hold
 //!   references;
 //! - when the hierarchy goes, each root css is taken down: its slot in
 //!   the root cgroup is cleared, `css_offline` runs, and the base
@@ -146,7 +146,7 @@
 //! # Tasks and charges
 //!
 //! A [`Task`] points at a [`CssSet`] through `arc-swap` (the RCU-protected
-//! `task->cgroups`); [`Hierarchy::attach`] swaps it. A css_set holds a
+//! `task->cgroups`); [`Hierarchy::attach`] swaps it. A `css_set` holds a
 //! reference on each of its csses. [`Pages`] are memcg charges: one
 //! reference per page, moved between cgroups with `get_many`/`put_many`.
 //!

@@ -17,6 +17,8 @@
 /// cgroup while it is held stay valid (not freed) until it is dropped.
 ///
 /// Made by [`Hierarchy::rcu_read_lock`](super::Hierarchy::rcu_read_lock).
+#[must_use = "the read section ends when the guard is dropped, and a css found under it may \
+              then be freed"]
 pub struct RcuGuard {
     #[cfg(not(loom))]
     _guard: crossbeam_epoch::Guard,

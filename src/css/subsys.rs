@@ -82,11 +82,21 @@ pub trait Subsys: Send + Sync + 'static {
     /// The subsystem's name (`"memory"`, `"io"`, ...).
     fn name(&self) -> &str;
     /// The css was allocated. `Err` refuses the `mkdir`.
+    ///
+    /// # Errors
+    ///
+    /// Return `Err(reason)` to refuse the css: `mkdir` is undone and fails
+    /// with [`CgroupError::SubsysRefused`](super::CgroupError::SubsysRefused)
+    /// (for a root css, [`Hierarchy::new`](super::Hierarchy::new) panics).
     fn css_alloc(&self, css: &Css) -> Result<(), String> {
         let _ = css;
         Ok(())
     }
     /// The css is about to go online. `Err` refuses the `mkdir`.
+    ///
+    /// # Errors
+    ///
+    /// As [`css_alloc`](Self::css_alloc).
     fn css_online(&self, css: &Css) -> Result<(), String> {
         let _ = css;
         Ok(())
@@ -180,6 +190,7 @@ pub enum EventKind {
 
 impl EventKind {
     /// The kernel callback's name.
+    #[must_use]
     pub fn callback(self) -> &'static str {
         match self {
             EventKind::Alloc => "css_alloc",
@@ -243,12 +254,14 @@ pub struct Recorder {
 
 impl Recorder {
     /// A recorder with its own log.
+    #[must_use]
     pub fn new(name: &str) -> Arc<Recorder> {
         Self::with_log(name, EventLog::default())
     }
 
     /// A recorder that appends to `log` (share one log between several
     /// subsystems to see their relative order).
+    #[must_use]
     pub fn with_log(name: &str, log: EventLog) -> Arc<Recorder> {
         Arc::new(Recorder {
             name: name.to_string(),
@@ -257,11 +270,13 @@ impl Recorder {
     }
 
     /// The log this recorder appends to.
+    #[must_use]
     pub fn log(&self) -> EventLog {
         self.log.clone()
     }
 
     /// A copy of the events recorded so far.
+    #[must_use]
     pub fn events(&self) -> Vec<Event> {
         lock_log(&self.log).clone()
     }
@@ -277,7 +292,8 @@ impl Recorder {
 }
 
 fn lock_log(log: &EventLog) -> std::sync::MutexGuard<'_, Vec<Event>> {
-    log.lock().unwrap_or_else(|p| p.into_inner())
+    log.lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 impl Subsys for Recorder {

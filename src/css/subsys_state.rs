@@ -4,7 +4,7 @@
 //! A [`Css`] is one heap allocation whose lifetime the refcount decides:
 //! it is reachable through the id table and its cgroup's `subsys[]` slot
 //! (RCU pointers, cleared before release) and through references
-//! ([`CssRef`], [`CssRefs`], css_sets, charges, child csses). It is freed
+//! ([`CssRef`], [`CssRefs`], `css_set`s, charges, child csses). It is freed
 //! by `css_free_work_fn`, which only runs a grace period after the last
 //! reference was put and the RCU pointers were cleared.
 //!
@@ -102,7 +102,7 @@ impl CssPtr {
 /// Every css is counted, the root css included (see the [module
 /// docs](super), *What keeps the root alive*).
 ///
-/// Obtained as a [`CssRef`] (from [`Cgroup::css`], a task's css_set, or a
+/// Obtained as a [`CssRef`] (from [`Cgroup::css`], a task's `css_set`, or a
 /// `tryget`), or as `&Css` under an RCU read section from
 /// [`Hierarchy::css_from_id`](super::Hierarchy::css_from_id).
 ///
@@ -198,6 +198,13 @@ impl Css {
     /// Loom only: what a lock-free lookup that found this css reads first
     /// (see the `initialised` field).
     #[inline]
+    #[cfg_attr(
+        not(loom),
+        allow(
+            clippy::unused_self,
+            reason = "only the loom build has the field to read"
+        )
+    )]
     pub(crate) fn check_published(&self) {
         #[cfg(loom)]
         self.initialised.with(|_| ());
@@ -232,6 +239,8 @@ impl Css {
     ///
     /// If the css was released (its count is zero): use
     /// [`tryget`](Self::tryget) on a css found by id.
+    #[must_use = "dropping the reference at once puts it again; test the css's state with its \
+                  queries instead"]
     pub fn get(&self) -> CssRef {
         self.get_raw(1);
         CssRef { css: self.ptr() }
@@ -248,10 +257,11 @@ impl Css {
     ///
     /// As [`get`](Self::get) (also for `n == 0`), or if `n` is above
     /// 2^62 - 2.
+    #[must_use = "dropping the references at once puts them again; test the css's state with its \
+                  queries instead"]
     pub fn get_many(&self, n: usize) -> CssRefs {
-        let with_own = match n.checked_add(1) {
-            Some(k) => k,
-            None => panic!("css_get_many({n}): too many references"),
+        let Some(with_own) = n.checked_add(1) else {
+            panic!("css_get_many({n}): too many references");
         };
         self.get_raw(with_own);
         CssRefs { css: self.ptr(), n }
@@ -259,6 +269,8 @@ impl Css {
 
     /// `css_tryget`: takes a reference unless the count is zero (the css
     /// was released). Succeeds on dying and offline csses.
+    #[must_use = "a `Some` is a reference taken; dropping it at once puts it again; test the css's \
+                  state with its queries instead"]
     pub fn tryget(&self) -> Option<CssRef> {
         self.refcnt.tryget().then(|| CssRef { css: self.ptr() })
     }
@@ -266,6 +278,8 @@ impl Css {
     /// `css_tryget_online`: takes a reference unless the css was killed.
     /// Once `rmdir` has killed it (its confirm ran), this fails on every
     /// thread. A root css is killed when its hierarchy is dropped.
+    #[must_use = "a `Some` is a reference taken; dropping it at once puts it again; test the css's \
+                  state with its queries instead"]
     pub fn tryget_online(&self) -> Option<CssRef> {
         self.refcnt
             .tryget_live()
@@ -275,32 +289,38 @@ impl Css {
     // ----- queries ----------------------------------------------------------
 
     /// The css id, unique within its subsystem until the css is freed.
+    #[must_use]
     pub fn id(&self) -> u32 {
         self.id
     }
 
     /// The subsystem's index in its hierarchy.
+    #[must_use]
     pub fn ssid(&self) -> usize {
         self.ssid
     }
 
     /// The subsystem's name.
+    #[must_use]
     pub fn subsys_name(&self) -> &str {
         self.subsys.name()
     }
 
     /// The path of the css's cgroup.
+    #[must_use]
     pub fn cgroup_path(&self) -> &str {
         self.cgroup.path()
     }
 
     /// The css's cgroup.
+    #[must_use]
     pub fn cgroup(&self) -> Cgroup {
         Cgroup::from_node(self.cgroup.clone())
     }
 
     /// The parent css (`None` for the root). A css pins its parent, so the
     /// parent lives at least as long as `self`.
+    #[must_use]
     pub fn parent(&self) -> Option<&Css> {
         // SAFETY: a css holds a reference on its parent until it is freed
         // (`css_free_work_fn` puts it), so the parent outlives `&self`.
@@ -308,11 +328,13 @@ impl Css {
     }
 
     /// Whether this is a hierarchy's root css.
+    #[must_use]
     pub fn is_root(&self) -> bool {
         self.parent.is_none()
     }
 
     /// The lifecycle state.
+    #[must_use]
     pub fn state(&self) -> CssState {
         // ordering-audit: Relaxed: a snapshot of a value changed under cgroup_mutex; it publishes
         // nothing (the kernel reads it plainly).
@@ -331,6 +353,7 @@ impl Css {
     }
 
     /// Whether the css is online (`css_is_online`-like).
+    #[must_use]
     pub fn is_online(&self) -> bool {
         // ordering-audit: Relaxed: a snapshot of a value changed under cgroup_mutex; it publishes
         // nothing (the kernel reads it plainly).
@@ -338,6 +361,7 @@ impl Css {
     }
 
     /// Whether `rmdir` killed the css (`css_is_dying`).
+    #[must_use]
     pub fn is_dying(&self) -> bool {
         // ordering-audit: Relaxed: a snapshot of a value changed under cgroup_mutex; it publishes
         // nothing (the kernel reads it plainly).
@@ -345,6 +369,7 @@ impl Css {
     }
 
     /// Whether the refcount is still counting per CPU (until the kill).
+    #[must_use]
     pub fn refcnt_is_percpu(&self) -> bool {
         self.refcnt.is_percpu()
     }
@@ -352,6 +377,7 @@ impl Css {
     /// The reference count once atomic (after the kill, or for
     /// [`RefcntMode::Atomic`](super::RefcntMode::Atomic)); `None` while it
     /// counts per CPU. For diagnostics and tests.
+    #[must_use]
     pub fn refcnt_atomic_count(&self) -> Option<u64> {
         self.refcnt.atomic_count()
     }
@@ -378,7 +404,7 @@ impl fmt::Debug for Css {
             .field("state", &self.state())
             .field("online_cnt", &self.online_cnt.load(Ordering::Relaxed))
             .field("refcnt", &self.refcnt)
-            .finish()
+            .finish_non_exhaustive()
     }
 }
 
@@ -403,7 +429,7 @@ pub struct CssRef {
 impl CssRef {
     /// `css_put`: drops the reference (the same as `drop`).
     pub fn put(self) {
-        drop(self)
+        drop(self);
     }
 }
 
@@ -431,7 +457,7 @@ impl Drop for CssRef {
 
 impl fmt::Debug for CssRef {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        fmt::Debug::fmt(self.deref(), f)
+        fmt::Debug::fmt(&**self, f)
     }
 }
 
@@ -460,6 +486,7 @@ pub struct CssRefs {
 
 impl CssRefs {
     /// How many references are held.
+    #[must_use]
     pub fn count(&self) -> usize {
         self.n
     }

@@ -1,4 +1,4 @@
-//! Tasks, css_sets and charges.
+//! Tasks, `css_set`s and charges.
 //!
 //! A task points at its [`CssSet`] (one css per subsystem) through an
 //! [`ArcSwap`]: the kernel's RCU-protected `task->cgroups`. Readers load it
@@ -28,6 +28,7 @@ impl CssSet {
     }
 
     /// The cgroup these csses belong to.
+    #[must_use]
     pub fn cgroup(&self) -> &Cgroup {
         &self.cgroup
     }
@@ -37,6 +38,7 @@ impl CssSet {
     /// # Panics
     ///
     /// If `ssid` is not a subsystem of the hierarchy.
+    #[must_use]
     pub fn css(&self, ssid: usize) -> &Css {
         match self.csses.get(ssid) {
             Some(c) => c,
@@ -52,11 +54,11 @@ impl fmt::Debug for CssSet {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("CssSet")
             .field("cgroup", &self.cgroup.path())
-            .finish()
+            .finish_non_exhaustive()
     }
 }
 
-/// A task: a pointer to its css_set. Made by
+/// A task: a pointer to its `css_set`. Made by
 /// [`Hierarchy::spawn`](super::Hierarchy::spawn), moved by
 /// [`Hierarchy::attach`](super::Hierarchy::attach); dropping it is the
 /// task's exit.
@@ -99,18 +101,25 @@ impl Task {
         self.cgroups.swap(set)
     }
 
-    /// The task's current css_set (an RCU-style read: it may be replaced
+    /// The task's current `css_set` (an RCU-style read: it may be replaced
     /// meanwhile, and stays valid while the guard is held).
+    #[must_use = "the guard is the read: the set it holds may be replaced as soon as it is dropped"]
     pub fn css_set(&self) -> arc_swap::Guard<Arc<CssSet>> {
         self.cgroups.load()
     }
 
     /// The task's cgroup.
+    #[must_use]
     pub fn cgroup(&self) -> Cgroup {
         self.cgroups.load().cgroup().clone()
     }
 
     /// A reference on the task's css for `ssid` (`task_get_css`).
+    ///
+    /// # Panics
+    ///
+    /// If `ssid` is not a subsystem of the hierarchy.
+    #[must_use = "dropping the reference at once puts it again"]
     pub fn get_css(&self, ssid: usize) -> CssRef {
         self.cgroups.load().css(ssid).get()
     }
@@ -159,16 +168,19 @@ pub struct Pages {
 
 impl Pages {
     /// No pages.
+    #[must_use]
     pub fn new() -> Pages {
         Pages::default()
     }
 
     /// Pages charged.
+    #[must_use]
     pub fn len(&self) -> usize {
         self.owners.len()
     }
 
     /// Whether no page is charged.
+    #[must_use]
     pub fn is_empty(&self) -> bool {
         self.owners.is_empty()
     }
@@ -187,7 +199,8 @@ impl Pages {
             panic!("Pages::charge({n}): cannot store the pages: {e}");
         }
         css.get_raw(n);
-        let p = CssPtr::from_raw(css as *const Css as *mut Css).expect("a reference is never null");
+        let p = CssPtr::from_raw(std::ptr::from_ref(css).cast_mut())
+            .expect("a reference is never null");
         // Within the reserved capacity: no allocation, no panic.
         self.owners.extend(std::iter::repeat_n(p, n));
     }
@@ -228,8 +241,9 @@ impl Pages {
     }
 
     /// Pages charged to `css`.
+    #[must_use]
     pub fn charged_to(&self, css: &Css) -> usize {
-        let p = css as *const Css as *mut Css;
+        let p = std::ptr::from_ref(css).cast_mut();
         self.owners.iter().filter(|o| o.as_ptr() == p).count()
     }
 
@@ -242,8 +256,8 @@ impl Pages {
     ///
     /// If `to` was released.
     pub fn move_charge(&mut self, from: &Css, to: &Css) -> usize {
-        let from_p = from as *const Css as *mut Css;
-        let to_p = CssPtr::from_raw(to as *const Css as *mut Css).expect("never null");
+        let from_p = std::ptr::from_ref(from).cast_mut();
+        let to_p = CssPtr::from_raw(std::ptr::from_ref(to).cast_mut()).expect("never null");
         if from_p == to_p.as_ptr() {
             return 0;
         }
@@ -252,7 +266,7 @@ impl Pages {
             return 0;
         }
         to.get_raw(count);
-        for o in self.owners.iter_mut() {
+        for o in &mut self.owners {
             if o.as_ptr() == from_p {
                 *o = to_p;
             }

@@ -246,22 +246,21 @@ impl Slot {
     /// Takes a free slot (a released one first), zeroed on every CPU.
     pub(crate) fn alloc() -> Slot {
         let mut a = arena();
-        let (index, reused) = match a.free.pop() {
-            Some(i) => (i as usize, true),
-            None => {
-                let i = a.fresh_next;
-                if i == a.chunks.len() * SLOTS_PER_CHUNK {
-                    let layout = chunk_layout();
-                    // SAFETY: the layout has a non-zero size.
-                    let p = unsafe { alloc::alloc_zeroed(layout) };
-                    let Some(p) = NonNull::new(p) else {
-                        alloc::handle_alloc_error(layout)
-                    };
-                    a.chunks.push(p);
-                }
-                a.fresh_next = i + 1;
-                (i, false)
+        let (index, reused) = if let Some(i) = a.free.pop() {
+            (i as usize, true)
+        } else {
+            let i = a.fresh_next;
+            if i == a.chunks.len() * SLOTS_PER_CHUNK {
+                let layout = chunk_layout();
+                // SAFETY: the layout has a non-zero size.
+                let p = unsafe { alloc::alloc_zeroed(layout) };
+                let Some(p) = NonNull::new(p) else {
+                    alloc::handle_alloc_error(layout)
+                };
+                a.chunks.push(p);
             }
+            a.fresh_next = i + 1;
+            (i, false)
         };
         let index = u32::try_from(index)
             .unwrap_or_else(|_| panic!("percpu_ref: the arena is full ({index} slots)"));

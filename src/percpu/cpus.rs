@@ -38,6 +38,7 @@
 /// // Never smaller than what this process may run on.
 /// assert!(n >= std::thread::available_parallelism().map_or(1, |p| p.get()));
 /// ```
+#[must_use]
 pub fn possible_cpus() -> usize {
     #[cfg(loom)]
     {
@@ -70,7 +71,7 @@ fn detect() -> usize {
         .ok()
         .and_then(|s| parse_cpu_list_max(&s))
         .map(|max| max + 1);
-    let parallel = std::thread::available_parallelism().map_or(1, |p| p.get());
+    let parallel = std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get);
     let detected = from_sysfs
         .or_else(sysconf_configured)
         .unwrap_or(parallel)
@@ -87,7 +88,7 @@ fn detect() -> usize {
 fn sysconf_configured() -> Option<usize> {
     // SAFETY: sysconf has no preconditions; it returns -1 on error.
     let n = unsafe { libc::sysconf(libc::_SC_NPROCESSORS_CONF) };
-    (n > 0).then_some(n as usize)
+    usize::try_from(n).ok().filter(|&n| n > 0)
 }
 
 #[cfg(all(not(unix), not(loom)))]

@@ -111,7 +111,7 @@ impl ModelCpus {
     pub(crate) fn seal_and_sum(&self) -> u64 {
         // mutant no_grace_period: sum without waiting for sections in flight.
         #[cfg(not(percpu_ref_mutant = "no_grace_period"))]
-        for cpu in self.cpus.iter() {
+        for cpu in &self.cpus {
             drop(sync::lock(&cpu.section));
         }
         self.cpus.iter().fold(0u64, |sum, cpu| {
@@ -123,7 +123,7 @@ impl ModelCpus {
 
     /// Zeroes every counter (mode atomic, grace period passed, lock held).
     pub(crate) fn reset(&self) {
-        for cpu in self.cpus.iter() {
+        for cpu in &self.cpus {
             // SAFETY: the mode is atomic and a grace period has passed since
             // it was set, so no section writes; the release store of the
             // cleared mode publishes this write to the next sections.

@@ -5,7 +5,7 @@
 //!
 //! glibc (2.35 and later) registers one `struct rseq` per thread at thread
 //! creation and exports where it is: `__rseq_offset` (from the thread
-//! pointer, `%fs:0` on x86_64) and `__rseq_size` (0 when registration
+//! pointer, `%fs:0` on `x86_64`) and `__rseq_size` (0 when registration
 //! failed or was disabled, e.g. `GLIBC_TUNABLES=glibc.pthread.rseq=0`, or
 //! under valgrind). A thread may register only one area, so this crate
 //! never registers its own: it uses glibc's or none. The symbols are looked
@@ -210,7 +210,7 @@ fn glibc_rseq_area() -> Option<(isize, u32)> {
     unsafe { Some((*(off as *const isize), *(size as *const u32))) }
 }
 
-/// The thread pointer (`%fs:0`, which the x86_64 TLS ABI makes point to
+/// The thread pointer (`%fs:0`, which the `x86_64` TLS ABI makes point to
 /// itself).
 fn thread_pointer() -> usize {
     let tp: usize;
@@ -242,7 +242,7 @@ fn membarrier_register() -> bool {
     let needed =
         MEMBARRIER_CMD_PRIVATE_EXPEDITED_RSEQ | MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED_RSEQ;
     supported >= 0
-        && supported & needed as libc::c_long == needed as libc::c_long
+        && supported & libc::c_long::from(needed) == libc::c_long::from(needed)
         && membarrier(MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED_RSEQ) == 0
 }
 

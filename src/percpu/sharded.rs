@@ -47,7 +47,7 @@ use crossbeam_utils::CachePadded;
 
 /// The value a sealed shard holds (plus the drift of late adds).
 const SEALED: u64 = 1 << 62;
-/// Live per-shard values stay within (-LIVE_LIMIT, LIVE_LIMIT) as i64.
+/// Live per-shard values stay within `(-LIVE_LIMIT, LIVE_LIMIT)` as `i64`.
 const LIVE_LIMIT: u64 = 1 << 61;
 /// Operations add to a shard only while it is within (-COMFORT, COMFORT).
 const COMFORT: u64 = 1 << 60;
@@ -117,7 +117,7 @@ impl Shards {
     }
 
     pub(crate) fn reset(&self) {
-        for s in self.shards.iter() {
+        for s in &self.shards {
             // A swap, not a store: a late add from the previous percpu period
             // may hit the shard now, and must be ordered wholly before or
             // after the reset. A store would be equally correct, but loom
