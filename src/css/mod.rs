@@ -191,7 +191,7 @@ pub use hierarchy::{BusyReason, Cgroup, CgroupError, Hierarchy, Options, RefcntM
 pub use rcu::RcuGuard;
 pub use subsys::{Event, EventKind, EventLog, Recorder, Subsys};
 pub use subsys_state::{Css, CssRef, CssRefs, CssState};
-pub use task::{CssSet, Pages, Task};
+pub use task::{CssSet, CssSetGuard, Pages, Task};
 
 #[cfg(doc)]
 use crate::PercpuRef;

@@ -103,9 +103,19 @@ impl Task {
 
     /// The task's current `css_set` (an RCU-style read: it may be replaced
     /// meanwhile, and stays valid while the guard is held).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use percpu_ref::css::{Hierarchy, Recorder};
+    /// let h = Hierarchy::new(vec![Recorder::new("memory")]);
+    /// let task = h.spawn(&h.root()).unwrap();
+    /// let set = task.css_set();
+    /// assert_eq!(set.css(0).cgroup_path(), "/");
+    /// ```
     #[must_use = "the guard is the read: the set it holds may be replaced as soon as it is dropped"]
-    pub fn css_set(&self) -> arc_swap::Guard<Arc<CssSet>> {
-        self.cgroups.load()
+    pub fn css_set(&self) -> CssSetGuard {
+        CssSetGuard(self.cgroups.load())
     }
 
     /// The task's cgroup.
@@ -132,6 +142,31 @@ impl Drop for Task {
         set.cgroup()
             .nr_tasks_counter()
             .fetch_sub(1, crate::sync::Ordering::Relaxed);
+    }
+}
+
+/// A read of a task's `css_set`, from [`Task::css_set`]: the set as it was
+/// when read, kept alive while the guard is held (`rcu_read_lock` +
+/// `task_css_set`). Dereferences to the `Arc<CssSet>`.
+///
+/// Hold it briefly: it may pin the set's memory past a migration, and some
+/// guards hold a slot that other readers could use (the pointer is an
+/// arc-swap `ArcSwap`, which this type wraps so that arc-swap stays out of
+/// the public API).
+#[must_use = "the guard is the read: the set it holds may be replaced as soon as it is dropped"]
+pub struct CssSetGuard(arc_swap::Guard<Arc<CssSet>>);
+
+impl std::ops::Deref for CssSetGuard {
+    type Target = Arc<CssSet>;
+
+    fn deref(&self) -> &Arc<CssSet> {
+        &self.0
+    }
+}
+
+impl fmt::Debug for CssSetGuard {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Debug::fmt(&**self.0, f)
     }
 }
 
