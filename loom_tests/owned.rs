@@ -13,8 +13,11 @@ use loom::cell::UnsafeCell;
 use loom::sync::atomic::{AtomicUsize as LoomAtomicUsize, Ordering as LoomOrdering};
 use loom::thread;
 use percpu_ref::owned::Owner;
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
+use std::task::{Context, Poll, Wake, Waker};
 use std::time::Duration;
 
 /// A value whose two halves must agree, and which counts its drops.
@@ -302,6 +305,63 @@ fn tryget_live_while_frozen() {
         t.join().unwrap();
         assert_eq!(owner.read(), 51);
         drop(owner);
+        assert_eq!(drops(&d), 1);
+    });
+}
+
+/// Counts its wakes in a loom atomic (the waker hand-off is what is checked).
+struct CountWakes(LoomAtomicUsize);
+
+impl Wake for CountWakes {
+    fn wake(self: Arc<Self>) {
+        self.0.fetch_add(1, LoomOrdering::Release);
+    }
+}
+
+/// The `Killed` future's waker hand-off: the last `Ref` is dropped on one
+/// thread while the other polls the future once and, if it is pending,
+/// waits for the other thread (a task parked until woken). The poll either
+/// returned `T`, or registered a waker that the last drop woke — never
+/// neither (a lost wake-up: the task would sleep for good) — and a poll
+/// after the wake returns `T` intact, undropped. Catches
+/// `owned_future_no_recheck` (the poll checks, then registers its waker in
+/// a second critical section: a release in between finds no waker).
+#[test]
+fn killed_future_wakes_after_last_ref_drop() {
+    loom::model(|| {
+        let (v, d) = Checked::new(60);
+        let owner = Owner::new(v);
+        let r = owner.get();
+        let mut killed = owner.kill();
+        let t = thread::spawn(move || {
+            assert_eq!(r.read(), 60);
+            drop(r);
+        });
+        let wakes = Arc::new(CountWakes(LoomAtomicUsize::new(0)));
+        let waker = Waker::from(wakes.clone());
+        let mut cx = Context::from_waker(&waker);
+        let value = match Pin::new(&mut killed).poll(&mut cx) {
+            Poll::Ready(v) => {
+                t.join().unwrap();
+                v
+            }
+            Poll::Pending => {
+                t.join().unwrap(); // the last reference is gone now
+                assert_eq!(
+                    wakes.0.load(LoomOrdering::Acquire),
+                    1,
+                    "pending, and the last drop did not wake the task"
+                );
+                match Pin::new(&mut killed).poll(&mut cx) {
+                    Poll::Ready(v) => v,
+                    Poll::Pending => panic!("woken, released, and still pending"),
+                }
+            }
+        };
+        assert_eq!(value.read(), 60);
+        assert_eq!(drops(&d), 0, "release dropped a claimed T");
+        drop(killed); // completed: drops nothing
+        drop(value);
         assert_eq!(drops(&d), 1);
     });
 }
