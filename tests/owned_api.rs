@@ -364,7 +364,7 @@ impl Wake for Unpark {
 
 /// How long a pending task may go unwoken before the wake-up counts as lost
 /// (a lost wake-up would otherwise hang the test instead of failing it).
-const LOST_AFTER: Duration = Duration::from_secs(60);
+const LOST_AFTER: Duration = Duration::from_secs(20);
 
 /// Polls `fut` on this thread, parking between polls. Fails (rather than
 /// hangs) when a `Pending` poll is not followed by a wake.
@@ -558,10 +558,11 @@ fn future_resolves_when_the_last_ref_drops_on_another_thread() {
         woken_polls += polls;
         assert_eq!(value.payload, round);
         assert_eq!(drops(&d), 0, "round {round}: release dropped a claimed T");
-        assert_eq!(
-            count.0.load(Ordering::SeqCst),
-            0,
-            "round {round}: the replaced waker was woken"
+        // The first waker is woken only when the release came before
+        // `block_on` replaced it; once at most either way.
+        assert!(
+            count.0.load(Ordering::SeqCst) <= 1,
+            "round {round}: the first waker was woken twice"
         );
         for w in workers {
             w.join().unwrap();
@@ -590,4 +591,65 @@ fn future_moves_to_another_thread_and_resolves_there() {
         }
         assert_eq!(waiter.join().unwrap(), round);
     }
+}
+
+#[test]
+fn a_poll_racing_the_last_drop_is_always_woken() {
+    // One poll against one drop, started together by a spin handshake, many
+    // times: whichever comes first, a `Pending` poll must be followed by a
+    // wake (a lost wake-up fails after `LOST_AFTER` instead of hanging).
+    let rounds = if cfg!(miri) { 3 } else { 20_000 };
+    let slot: Arc<std::sync::Mutex<Option<Ref<usize>>>> = Arc::default();
+    let turn = Arc::new(AtomicUsize::new(0)); // odd: a round is armed
+    let dropper = {
+        let (slot, turn) = (slot.clone(), turn.clone());
+        thread::spawn(move || {
+            for round in 0..rounds {
+                let armed = 2 * round + 1;
+                while turn.load(Ordering::Acquire) != armed {
+                    std::hint::spin_loop();
+                }
+                let r = slot.lock().unwrap().take().unwrap();
+                turn.store(armed + 1, Ordering::Release); // go
+                drop(r);
+            }
+        })
+    };
+    let (mut pending, mut lost) = (0usize, 0usize);
+    for round in 0..rounds {
+        let owner = Owner::new(round);
+        *slot.lock().unwrap() = Some(owner.get());
+        let mut killed = owner.kill();
+        let unpark = Arc::new(Unpark {
+            thread: thread::current(),
+            wakes: AtomicUsize::new(0),
+        });
+        let waker = Waker::from(unpark.clone());
+        let mut cx = Context::from_waker(&waker);
+        turn.store(2 * round + 1, Ordering::Release);
+        while turn.load(Ordering::Acquire) != 2 * round + 2 {
+            std::hint::spin_loop();
+        }
+        let value = match Pin::new(&mut killed).poll(&mut cx) {
+            Poll::Ready(v) => v,
+            Poll::Pending => {
+                pending += 1;
+                let start = Instant::now();
+                while unpark.wakes.load(Ordering::SeqCst) == 0 && start.elapsed() < LOST_AFTER {
+                    thread::park_timeout(Duration::from_millis(100));
+                }
+                if unpark.wakes.load(Ordering::SeqCst) == 0 {
+                    lost += 1;
+                }
+                match Pin::new(&mut killed).poll(&mut cx) {
+                    Poll::Ready(v) => v,
+                    Poll::Pending => panic!("round {round}: still pending"),
+                }
+            }
+        };
+        assert_eq!(value, round);
+        assert_eq!(lost, 0, "round {round}: a Pending poll was never woken");
+    }
+    dropper.join().unwrap();
+    println!("{rounds} races, {pending} polls pending before the drop");
 }
