@@ -365,3 +365,34 @@ fn killed_future_wakes_after_last_ref_drop() {
         assert_eq!(drops(&d), 1);
     });
 }
+
+/// A `Killed` future that was polled (its waker registered) is dropped
+/// while the last `Ref` is dropped on another thread: `T` is dropped exactly
+/// once, by whichever side came second, and the waker is woken at most
+/// once. (A release that took the waker before the drop may wake it just
+/// after the `Killed` is gone: a spurious wake of a finished task, which
+/// wakers must tolerate.)
+#[test]
+fn pending_killed_future_dropped_races_last_ref_drop() {
+    loom::model(|| {
+        let (v, d) = Checked::new(70);
+        let owner = Owner::new(v);
+        let r = owner.get();
+        let mut killed = owner.kill();
+        let wakes = Arc::new(CountWakes(LoomAtomicUsize::new(0)));
+        let waker = Waker::from(wakes.clone());
+        let polled = Pin::new(&mut killed).poll(&mut Context::from_waker(&waker));
+        assert!(polled.is_pending(), "`r` still holds the object");
+        let t = thread::spawn(move || {
+            assert_eq!(r.read(), 70);
+            drop(r);
+        });
+        drop(killed);
+        t.join().unwrap();
+        assert_eq!(drops(&d), 1);
+        let woken = wakes.0.load(LoomOrdering::Acquire);
+        assert!(woken <= 1, "woken {woken} times");
+        drop(waker);
+        assert_eq!(Arc::strong_count(&wakes), 1, "a registered waker leaked");
+    });
+}
