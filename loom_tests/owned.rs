@@ -13,8 +13,11 @@ use loom::cell::UnsafeCell;
 use loom::sync::atomic::{AtomicUsize as LoomAtomicUsize, Ordering as LoomOrdering};
 use loom::thread;
 use percpu_ref::owned::Owner;
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
+use std::task::{Context, Poll, Wake, Waker};
 use std::time::Duration;
 
 /// A value whose two halves must agree, and which counts its drops.
@@ -303,5 +306,93 @@ fn tryget_live_while_frozen() {
         assert_eq!(owner.read(), 51);
         drop(owner);
         assert_eq!(drops(&d), 1);
+    });
+}
+
+/// Counts its wakes in a loom atomic (the waker hand-off is what is checked).
+struct CountWakes(LoomAtomicUsize);
+
+impl Wake for CountWakes {
+    fn wake(self: Arc<Self>) {
+        self.0.fetch_add(1, LoomOrdering::Release);
+    }
+}
+
+/// The `Killed` future's waker hand-off: the last `Ref` is dropped on one
+/// thread while the other polls the future once and, if it is pending,
+/// waits for the other thread (a task parked until woken). The poll either
+/// returned `T`, or registered a waker that the last drop woke — never
+/// neither (a lost wake-up: the task would sleep for good) — and a poll
+/// after the wake returns `T` intact, undropped. Catches
+/// `owned_future_no_recheck` (the poll checks, then registers its waker in
+/// a second critical section: a release in between finds no waker).
+#[test]
+fn killed_future_wakes_after_last_ref_drop() {
+    loom::model(|| {
+        let (v, d) = Checked::new(60);
+        let owner = Owner::new(v);
+        let r = owner.get();
+        let mut killed = owner.kill();
+        let t = thread::spawn(move || {
+            assert_eq!(r.read(), 60);
+            drop(r);
+        });
+        let wakes = Arc::new(CountWakes(LoomAtomicUsize::new(0)));
+        let waker = Waker::from(wakes.clone());
+        let mut cx = Context::from_waker(&waker);
+        let value = match Pin::new(&mut killed).poll(&mut cx) {
+            Poll::Ready(v) => {
+                t.join().unwrap();
+                v
+            }
+            Poll::Pending => {
+                t.join().unwrap(); // the last reference is gone now
+                assert_eq!(
+                    wakes.0.load(LoomOrdering::Acquire),
+                    1,
+                    "pending, and the last drop did not wake the task"
+                );
+                match Pin::new(&mut killed).poll(&mut cx) {
+                    Poll::Ready(v) => v,
+                    Poll::Pending => panic!("woken, released, and still pending"),
+                }
+            }
+        };
+        assert_eq!(value.read(), 60);
+        assert_eq!(drops(&d), 0, "release dropped a claimed T");
+        drop(killed); // completed: drops nothing
+        drop(value);
+        assert_eq!(drops(&d), 1);
+    });
+}
+
+/// A `Killed` future that was polled (its waker registered) is dropped
+/// while the last `Ref` is dropped on another thread: `T` is dropped exactly
+/// once, by whichever side came second, and the waker is woken at most
+/// once. (A release that took the waker before the drop may wake it just
+/// after the `Killed` is gone: a spurious wake of a finished task, which
+/// wakers must tolerate.)
+#[test]
+fn pending_killed_future_dropped_races_last_ref_drop() {
+    loom::model(|| {
+        let (v, d) = Checked::new(70);
+        let owner = Owner::new(v);
+        let r = owner.get();
+        let mut killed = owner.kill();
+        let wakes = Arc::new(CountWakes(LoomAtomicUsize::new(0)));
+        let waker = Waker::from(wakes.clone());
+        let polled = Pin::new(&mut killed).poll(&mut Context::from_waker(&waker));
+        assert!(polled.is_pending(), "`r` still holds the object");
+        let t = thread::spawn(move || {
+            assert_eq!(r.read(), 70);
+            drop(r);
+        });
+        drop(killed);
+        t.join().unwrap();
+        assert_eq!(drops(&d), 1);
+        let woken = wakes.0.load(LoomOrdering::Acquire);
+        assert!(woken <= 1, "woken {woken} times");
+        drop(waker);
+        assert_eq!(Arc::strong_count(&wakes), 1, "a registered waker leaked");
     });
 }

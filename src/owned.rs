@@ -106,6 +106,22 @@
 //! drop(busy);
 //! ```
 //!
+//! # Compared with `Arc`
+//!
+//! | `Arc<T>` / `sync::Weak<T>` | here |
+//! |---|---|
+//! | `Arc::new`, `From<T>`, `Default` | [`Owner::new`], `Owner::from`, `Owner::default` |
+//! | `Arc::clone` | [`Owner::get`], `Ref::clone` |
+//! | `Arc::downgrade` | [`Owner::downgrade`], [`Ref::downgrade`] |
+//! | `Weak::upgrade` | [`Weak::tryget`] (alive or dying); [`Weak::tryget_live`] (not killed) |
+//! | `Weak::new` | [`Weak::new`] |
+//! | `Arc::try_unwrap`, `Arc::into_inner` | [`Owner::kill`], then [`Killed::try_take`], [`Killed::wait`] or `.await` |
+//! | `Arc::get_mut` | [`Owner::freeze_timeout`] with a zero timeout; [`Owner::freeze`] waits |
+//! | `Arc::as_ptr`, `into_raw`, `from_raw` | [`Ref::as_ptr`], [`Ref::into_raw`], [`Ref::from_raw`]; [`Weak::as_ptr`] |
+//! | `Arc::ptr_eq` | [`Ref::ptr_eq`], [`Weak::ptr_eq`] |
+//! | `==`, `<`, `Hash`, `Display`, `Borrow<T>`, `AsRef<T>` | the same on [`Owner`] and [`Ref`], delegated to `T`; `{:p}` on `Ref` |
+//! | `UnwindSafe`, `RefUnwindSafe`, `Unpin` | the same for `Ref` and `Weak`; `&Owner` but not an `Owner` by value is unwind safe (see [`Owner`]) |
+//!
 //! # Algorithm
 //!
 //! One heap block holds the [`PercpuRef`], an allocation count, the
@@ -174,12 +190,19 @@ use crate::flags::{Error, InitFlags};
 use crate::percpu::Backend;
 use crate::percpu_ref::PercpuRef;
 use crate::sync::{self, AtomicUsize, Condvar, Mutex, Ordering};
+use std::borrow::Borrow;
 use std::cell::{Cell, UnsafeCell};
+use std::cmp::Ordering as CmpOrdering;
 use std::fmt;
+use std::future::Future;
+use std::hash::{Hash, Hasher};
 use std::marker::PhantomData;
 use std::mem::{ManuallyDrop, MaybeUninit};
 use std::ops::{Deref, DerefMut};
+use std::panic::{RefUnwindSafe, UnwindSafe};
+use std::pin::Pin;
 use std::ptr::NonNull;
+use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
 
 // ----- the shared block -----------------------------------------------------
@@ -209,6 +232,11 @@ struct State {
     /// An owner-side handle will take `T` after release (`Killed`, or a
     /// freeze in progress); `release` must leave `T` alone.
     claimed: bool,
+    /// The task polling the `Killed` future, woken by `release`. Kept under
+    /// the same lock as `released`, so that the poll's check and its
+    /// registration are one step and `release`'s publication and its take
+    /// of the waker another: a wake-up cannot fall between them.
+    waker: Option<Waker>,
 }
 
 impl<T> Inner<T> {
@@ -218,7 +246,17 @@ impl<T> Inner<T> {
         s.released = true;
         // mutant owned_release_ignores_claim: drop `T` even when claimed.
         if s.claimed && cfg!(not(percpu_ref_mutant = "owned_release_ignores_claim")) {
+            // Taken in the critical section that published `released`: a
+            // poll either saw `released` or registered before this.
+            let waker = s.waker.take();
             self.released_cv.notify_all();
+            drop(s);
+            // Woken outside the lock, so the woken task's poll does not
+            // block on it. The percpu count's unit keeps the block alive
+            // even if that poll takes `T` and drops the owner's unit.
+            if let Some(w) = waker {
+                w.wake();
+            }
             return;
         }
         drop(s);
@@ -241,7 +279,10 @@ impl<T> Inner<T> {
                 return true;
             }
             s = match deadline {
-                None => self.released_cv.wait(s).unwrap_or_else(|p| p.into_inner()),
+                None => self
+                    .released_cv
+                    .wait(s)
+                    .unwrap_or_else(std::sync::PoisonError::into_inner),
                 Some(d) => {
                     let now = Instant::now();
                     if now >= d {
@@ -328,7 +369,7 @@ unsafe fn release<T>(ptr: *const ()) {
         owe_unit(Erased {
             ptr,
             func: drop_unit::<T>,
-        })
+        });
     });
     // SAFETY: the percpu count's unit keeps the block alive until it is paid.
     let inner = unsafe { &*ptr.cast::<Inner<T>>() };
@@ -341,7 +382,7 @@ struct OnDrop<F: FnMut()>(F);
 
 impl<F: FnMut()> Drop for OnDrop<F> {
     fn drop(&mut self) {
-        (self.0)()
+        (self.0)();
     }
 }
 
@@ -447,13 +488,14 @@ fn alloc<T>(value: T, backend: Backend) -> Result<NonNull<Inner<T>>, Error> {
             state: Mutex::new(State {
                 released: false,
                 claimed: false,
+                waker: None,
             }),
             released_cv: Condvar::new(),
             value: UnsafeCell::new(ManuallyDrop::new(value)),
             #[cfg(loom)]
             freed: sync::UnsafeCell::new(()),
-        })
-    };
+        });
+    }
     #[cfg(all(test, not(loom)))]
     tests::LIVE_BLOCKS.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
     // SAFETY: `Box::into_raw` never returns null.
@@ -469,6 +511,22 @@ fn alloc<T>(value: T, backend: Backend) -> Result<NonNull<Inner<T>>, Error> {
 unsafe fn inner<'a, T>(p: NonNull<Inner<T>>) -> &'a Inner<T> {
     // SAFETY: forwarded to the caller.
     unsafe { &*p.as_ptr() }
+}
+
+/// The address of the `T` in the block at `p` (alive or not), with the
+/// block's provenance, so that [`Ref::from_raw`] can step back to the block.
+///
+/// # Safety
+///
+/// The block at `p` is allocated (the caller holds a unit or a reference).
+#[inline(always)]
+unsafe fn value_ptr<T>(p: NonNull<Inner<T>>) -> *const T {
+    // SAFETY: `p` points to an allocated `Inner<T>` (the caller's promise);
+    // `addr_of!` takes the field's address without making a reference, so
+    // this reads nothing and claims nothing about `T` being alive.
+    // `UnsafeCell` and `ManuallyDrop` are `repr(transparent)`: the field's
+    // address is `T`'s.
+    unsafe { std::ptr::addr_of!((*p.as_ptr()).value) }.cast::<T>()
 }
 
 /// Puts one percpu reference, then pays a unit its release left owed.
@@ -502,6 +560,23 @@ unsafe fn put_ref<T>(p: NonNull<Inner<T>>) {
 /// let r = owner.get();
 /// assert_eq!(*r + *owner, 10);
 /// ```
+///
+/// `&Owner<T>` is unwind safe when `T: RefUnwindSafe` (as `&Arc<T>`); an
+/// `Owner` by value is not, since a panic during a freeze unfreezes with
+/// `T` half updated for every [`Weak`] to see (use `AssertUnwindSafe` where
+/// that cannot happen):
+///
+/// ```
+/// use percpu_ref::owned::Owner;
+/// let o = Owner::new(1);
+/// assert_eq!(std::panic::catch_unwind(|| *o + 1).unwrap(), 2);
+/// ```
+///
+/// ```compile_fail,E0277
+/// use percpu_ref::owned::Owner;
+/// let o = Owner::new(1);
+/// let _ = std::panic::catch_unwind(move || *o + 1);
+/// ```
 pub struct Owner<T> {
     inner: NonNull<Inner<T>>,
     /// A `Frozen` guard of this owner was leaked (see the module docs).
@@ -518,6 +593,21 @@ unsafe impl<T: Send + Sync> Sync for Owner<T> {}
 
 impl<T> Owner<T> {
     /// Puts `value` behind a new ref in percpu mode.
+    ///
+    /// # Panics
+    ///
+    /// If the process's backend ([`crate::backend()`]) could not run, which
+    /// it picks at first use so that it can; see
+    /// [`with_backend`](Self::with_backend) for the fallible form.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use percpu_ref::owned::Owner;
+    /// let o = Owner::new(String::from("x"));
+    /// assert_eq!(*o, "x");
+    /// ```
+    #[must_use = "dropping a new Owner kills it and drops the value at once"]
     pub fn new(value: T) -> Self {
         match Self::with_backend(value, crate::backend()) {
             Ok(o) => o,
@@ -527,6 +617,11 @@ impl<T> Owner<T> {
 
     /// As [`new`](Self::new) on a chosen per-CPU backend; fails (dropping
     /// `value`) where `backend` cannot run.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::BackendUnavailable`] when `backend` cannot run in this
+    /// process (for example the rseq backend where rseq is not registered).
     ///
     /// # Examples
     ///
@@ -548,16 +643,28 @@ impl<T> Owner<T> {
         unsafe { inner(self.inner) }
     }
 
-    /// A new counted reference: a percpu get on the base reference.
+    /// A new counted reference: a percpu get on the base reference (as
+    /// `Arc::clone`).
     ///
     /// # Panics
     ///
     /// If a [`Frozen`] guard of this owner was leaked.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use percpu_ref::owned::Owner;
+    /// let o = Owner::new(1);
+    /// let r = o.get();
+    /// assert_eq!(*r, 1);
+    /// ```
     #[inline]
+    #[must_use = "a Ref that is dropped at once is a get and a put for nothing"]
     pub fn get(&self) -> Ref<T> {
-        if self.frozen {
-            panic!("owned::Owner::get: the owner is frozen for good (a Frozen guard was leaked)");
-        }
+        assert!(
+            !self.frozen,
+            "owned::Owner::get: the owner is frozen for good (a Frozen guard was leaked)"
+        );
         self.inner().pref.get();
         Ref {
             inner: self.inner,
@@ -566,6 +673,16 @@ impl<T> Owner<T> {
     }
 
     /// A lookup handle: keeps the allocation alive, not `T`.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use percpu_ref::owned::Owner;
+    /// let o = Owner::new(1);
+    /// let w = o.downgrade();
+    /// assert_eq!(*w.tryget_live().unwrap(), 1);
+    /// ```
+    #[must_use = "a Weak that is dropped at once does nothing"]
     pub fn downgrade(&self) -> Weak<T> {
         Weak::new_unit(self.inner)
     }
@@ -593,6 +710,10 @@ impl<T> Owner<T> {
     /// ([`Error::GracePeriodFailed`]): the
     /// kill was undone, and the object stays alive for good (leaked, never
     /// dropped), so existing references stay valid.
+    ///
+    /// To get `T` back as `Arc::try_unwrap` or `Arc::into_inner` would, use
+    /// the [`Killed`]: [`try_take`](Killed::try_take),
+    /// [`wait`](Killed::wait), or `.await` it.
     pub fn kill(self) -> Killed<T> {
         let mut this = ManuallyDrop::new(self);
         match this.kill_in_place() {
@@ -609,7 +730,7 @@ impl<T> Owner<T> {
         }
         // Frozen for good: already dead, released and claimed.
         Ok(Killed {
-            inner: self.inner,
+            inner: Some(self.inner),
             _owns: PhantomData,
         })
     }
@@ -641,6 +762,11 @@ impl<T> Owner<T> {
     /// Blocks forever if a reference is never dropped (for example one held
     /// by this thread); see [`freeze_timeout`](Self::freeze_timeout).
     ///
+    /// This is the blocking relative of `Arc::get_mut`, whose exact
+    /// counterpart is [`freeze_timeout`](Self::freeze_timeout) with a zero
+    /// timeout; unlike `Arc::get_mut`, [`Weak`]s do not prevent it (they
+    /// cannot make a reference while the guard lives).
+    ///
     /// # Panics
     ///
     /// If a [`Frozen`] guard of this owner was leaked.
@@ -653,6 +779,7 @@ impl<T> Owner<T> {
     /// o.freeze().push(2);
     /// assert_eq!(*o.get(), [1, 2]);
     /// ```
+    #[doc(alias = "get_mut")]
     pub fn freeze(&mut self) -> Frozen<'_, T> {
         match self.freeze_until(None) {
             Ok(f) => f,
@@ -666,6 +793,15 @@ impl<T> Owner<T> {
     /// freeze is undone (the object is live and percpu again, nothing was
     /// lost) and [`FreezeTimeout`] returned. A zero timeout freezes only if
     /// no reference exists now, without blocking.
+    ///
+    /// `freeze_timeout(Duration::ZERO)` is this layer's `Arc::get_mut`:
+    /// `&mut T` exactly when no other reference exists, without waiting.
+    /// Unlike `Arc::get_mut`, [`Weak`]s do not make it fail, and the
+    /// access is a guard to drop rather than a plain `&mut T`.
+    ///
+    /// # Panics
+    ///
+    /// If a [`Frozen`] guard of this owner was leaked.
     ///
     /// # Errors
     ///
@@ -683,17 +819,17 @@ impl<T> Owner<T> {
     /// *o.freeze_timeout(Duration::ZERO).unwrap() += 1;
     /// assert_eq!(*o, 1);
     /// ```
+    #[doc(alias = "get_mut")]
     pub fn freeze_timeout(&mut self, timeout: Duration) -> Result<Frozen<'_, T>, FreezeTimeout> {
         // A deadline too far to represent is no deadline.
         self.freeze_until(Instant::now().checked_add(timeout))
     }
 
     fn freeze_until(&mut self, deadline: Option<Instant>) -> Result<Frozen<'_, T>, FreezeTimeout> {
-        if self.frozen {
-            panic!(
-                "owned::Owner::freeze: the owner is frozen for good (a Frozen guard was leaked)"
-            );
-        }
+        assert!(
+            !self.frozen,
+            "owned::Owner::freeze: the owner is frozen for good (a Frozen guard was leaked)"
+        );
         if let Err(e) = self.kill_claimed("owned::Owner::freeze") {
             panic!("owned::Owner::freeze: {e}");
         }
@@ -742,6 +878,9 @@ impl<T> Owner<T> {
             let mut s = sync::lock(&inner.state);
             s.released = false;
             s.claimed = false;
+            // Only a `Killed` registers a waker, and none exists while the
+            // owner does.
+            debug_assert!(s.waker.is_none());
         }
         if let Err(e) = inner.pref.resurrect() {
             unreachable!("owned::Frozen: the frozen ref was not dead: {e}");
@@ -805,6 +944,22 @@ impl<T: fmt::Debug> fmt::Debug for Owner<T> {
 /// std::thread::spawn(move || r.set(2));
 /// ```
 ///
+/// Unwind safe when `T: RefUnwindSafe`, as `Arc<T>`:
+///
+/// ```
+/// use percpu_ref::owned::Owner;
+/// let o = Owner::new(1);
+/// let r = o.get();
+/// assert_eq!(std::panic::catch_unwind(move || *r).unwrap(), 1);
+/// ```
+///
+/// ```compile_fail,E0277
+/// use percpu_ref::owned::Owner;
+/// let o = Owner::new(std::cell::Cell::new(1)); // not RefUnwindSafe
+/// let r = o.get();
+/// let _ = std::panic::catch_unwind(move || r.get());
+/// ```
+///
 /// # Examples
 ///
 /// ```
@@ -833,13 +988,108 @@ impl<T> Ref<T> {
     }
 
     /// A lookup handle for the same object.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use percpu_ref::owned::{Owner, Ref};
+    /// let o = Owner::new(1);
+    /// let r = o.get();
+    /// let w = Ref::downgrade(&r);
+    /// assert!(Ref::ptr_eq(&w.tryget().unwrap(), &r));
+    /// ```
+    #[must_use = "a Weak that is dropped at once does nothing"]
     pub fn downgrade(this: &Ref<T>) -> Weak<T> {
         Weak::new_unit(this.inner)
     }
 
-    /// Whether two references point to the same object.
+    /// Whether two references point to the same object (see the type's
+    /// example).
+    #[must_use]
     pub fn ptr_eq(a: &Ref<T>, b: &Ref<T>) -> bool {
         a.inner == b.inner
+    }
+
+    /// The address of `T`, valid for reads as long as a reference to the
+    /// object exists; as `Arc::as_ptr`. The same address for every handle
+    /// of the object ([`Weak::as_ptr`] too).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use percpu_ref::owned::{Owner, Ref};
+    /// let o = Owner::new(7);
+    /// let r = o.get();
+    /// let p = Ref::as_ptr(&r);
+    /// assert_eq!(p, &*o as *const i32);
+    /// // SAFETY: `r` keeps the value alive.
+    /// assert_eq!(unsafe { *p }, 7);
+    /// ```
+    #[must_use]
+    pub fn as_ptr(this: &Ref<T>) -> *const T {
+        // SAFETY: our reference keeps the block alive.
+        unsafe { value_ptr(this.inner) }
+    }
+
+    /// Turns the reference into a raw pointer to `T` without putting it, as
+    /// `Arc::into_raw`: the object keeps the reference (it stays alive, a
+    /// kill's [`Killed`] waits for it, a freeze blocks) until
+    /// [`from_raw`](Self::from_raw) makes a `Ref` of it again.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use percpu_ref::owned::{Owner, Ref};
+    /// let o = Owner::new(String::from("raw"));
+    /// let p = Ref::into_raw(o.get());
+    /// let killed = o.kill();
+    /// assert!(!killed.is_released()); // the raw reference still counts
+    /// // SAFETY: `p` came from `Ref::into_raw` and is turned back once.
+    /// let r = unsafe { Ref::from_raw(p) };
+    /// assert_eq!(*r, "raw");
+    /// drop(r);
+    /// assert_eq!(killed.wait(), "raw");
+    /// ```
+    #[must_use = "dropping the pointer leaks the reference: the object can never be released"]
+    pub fn into_raw(this: Ref<T>) -> *const T {
+        let this = ManuallyDrop::new(this);
+        Ref::as_ptr(&this)
+    }
+
+    /// Takes back a reference given up by [`into_raw`](Self::into_raw), as
+    /// `Arc::from_raw`.
+    ///
+    /// # Safety
+    ///
+    /// `ptr` must have been returned by `Ref::<T>::into_raw` (the same `T`),
+    /// and each pointer that `into_raw` returned must be passed to
+    /// `from_raw` at most once: the `Ref` made here puts the reference that
+    /// `into_raw` kept, so a second `from_raw` of it would put one
+    /// reference too many.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use percpu_ref::owned::{Owner, Ref};
+    /// let o = Owner::new([1u8, 2]);
+    /// let p = Ref::into_raw(o.get());
+    /// // SAFETY: from `into_raw`, and only once.
+    /// let r = unsafe { Ref::from_raw(p) };
+    /// assert_eq!(*r, [1, 2]);
+    /// ```
+    #[must_use = "dropping the Ref puts the reference at once"]
+    pub unsafe fn from_raw(ptr: *const T) -> Ref<T> {
+        // `into_raw` gave out the address of the `value` field with the
+        // block's provenance (see `value_ptr`): step back to the block.
+        let offset = std::mem::offset_of!(Inner<T>, value);
+        // SAFETY: `ptr` points `offset` bytes into a block that its
+        // reference keeps allocated (the caller's promise), so stepping back
+        // stays inside that allocation and lands on its start, never null.
+        let inner = unsafe { NonNull::new_unchecked(ptr.byte_sub(offset).cast_mut().cast()) };
+        Ref {
+            inner,
+            _owns: PhantomData,
+        }
     }
 }
 
@@ -880,11 +1130,128 @@ impl<T: fmt::Debug> fmt::Debug for Ref<T> {
     }
 }
 
+impl<T: fmt::Display> fmt::Display for Ref<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(&**self, f)
+    }
+}
+
+impl<T> fmt::Pointer for Ref<T> {
+    /// The address of `T`, as [`Ref::as_ptr`] (as `Arc`'s `{:p}`).
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Pointer::fmt(&Ref::as_ptr(self), f)
+    }
+}
+
+/// Comparison, ordering, hashing and borrowing delegate to `T`, as for
+/// `Arc<T>`: a handle compares, orders and hashes as its value (never by
+/// address; [`Ref::ptr_eq`] does that), so `Borrow<T>` is consistent and a
+/// map keyed by handles can be searched with `&T`.
+macro_rules! delegate_to_value {
+    ($handle:ident) => {
+        impl<T: PartialEq> PartialEq for $handle<T> {
+            #[inline]
+            fn eq(&self, other: &Self) -> bool {
+                **self == **other
+            }
+        }
+
+        impl<T: Eq> Eq for $handle<T> {}
+
+        impl<T: PartialOrd> PartialOrd for $handle<T> {
+            #[inline]
+            fn partial_cmp(&self, other: &Self) -> Option<CmpOrdering> {
+                (**self).partial_cmp(&**other)
+            }
+            // Forwarded too, so that `T`'s own `<` (a float's NaN rules, a
+            // faster comparison) is the one used.
+            #[inline]
+            fn lt(&self, other: &Self) -> bool {
+                **self < **other
+            }
+            #[inline]
+            fn le(&self, other: &Self) -> bool {
+                **self <= **other
+            }
+            #[inline]
+            fn gt(&self, other: &Self) -> bool {
+                **self > **other
+            }
+            #[inline]
+            fn ge(&self, other: &Self) -> bool {
+                **self >= **other
+            }
+        }
+
+        impl<T: Ord> Ord for $handle<T> {
+            #[inline]
+            fn cmp(&self, other: &Self) -> CmpOrdering {
+                (**self).cmp(&**other)
+            }
+        }
+
+        impl<T: Hash> Hash for $handle<T> {
+            #[inline]
+            fn hash<H: Hasher>(&self, state: &mut H) {
+                (**self).hash(state);
+            }
+        }
+
+        impl<T> Borrow<T> for $handle<T> {
+            #[inline]
+            fn borrow(&self) -> &T {
+                self
+            }
+        }
+
+        impl<T> AsRef<T> for $handle<T> {
+            #[inline]
+            fn as_ref(&self) -> &T {
+                self
+            }
+        }
+    };
+}
+
+delegate_to_value!(Owner);
+delegate_to_value!(Ref);
+
+impl<T: fmt::Display> fmt::Display for Owner<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(&**self, f)
+    }
+}
+
+impl<T: Default> Default for Owner<T> {
+    /// `Owner::new(T::default())`.
+    ///
+    /// # Panics
+    ///
+    /// As [`Owner::new`].
+    fn default() -> Self {
+        Owner::new(T::default())
+    }
+}
+
+impl<T> From<T> for Owner<T> {
+    /// `Owner::new(value)`.
+    ///
+    /// # Panics
+    ///
+    /// As [`Owner::new`].
+    fn from(value: T) -> Self {
+        Owner::new(value)
+    }
+}
+
 // ----- Weak -----------------------------------------------------------------
 
 /// A lookup handle: keeps the allocation alive but not `T`, and turns into
 /// a [`Ref`] with [`tryget`](Self::tryget) or
 /// [`tryget_live`](Self::tryget_live). Store these in lookup tables.
+///
+/// [`Weak::new`] makes one that belongs to no object and never gives a
+/// reference.
 ///
 /// `Send` and `Sync` exactly when `T` is both:
 ///
@@ -895,7 +1262,10 @@ impl<T: fmt::Debug> fmt::Debug for Ref<T> {
 /// std::thread::spawn(move || drop(w));
 /// ```
 pub struct Weak<T> {
-    inner: NonNull<Inner<T>>,
+    /// The block, or `None` for [`Weak::new`]: no block to point to, and no
+    /// sentinel block either (a `PercpuRef` cannot be made in a `static`
+    /// for every `T`). The non-empty paths pay one test for null.
+    inner: Option<NonNull<Inner<T>>>,
     _owns: PhantomData<Inner<T>>,
 }
 
@@ -905,6 +1275,28 @@ unsafe impl<T: Send + Sync> Send for Weak<T> {}
 unsafe impl<T: Send + Sync> Sync for Weak<T> {}
 
 impl<T> Weak<T> {
+    /// A `Weak` that belongs to no object: [`tryget`](Self::tryget) and
+    /// [`tryget_live`](Self::tryget_live) always return `None`. Allocates
+    /// nothing, as `std::sync::Weak::new`; a placeholder for a table slot
+    /// or a back pointer set later.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use percpu_ref::owned::Weak;
+    /// let w: Weak<u32> = Weak::new();
+    /// assert!(w.tryget().is_none());
+    /// assert!(w.tryget_live().is_none());
+    /// assert!(Weak::ptr_eq(&w, &w.clone()));
+    /// ```
+    #[must_use]
+    pub const fn new() -> Self {
+        Weak {
+            inner: None,
+            _owns: PhantomData,
+        }
+    }
+
     /// Takes one more allocation unit of the block at `p`, which the caller
     /// keeps alive.
     fn new_unit(p: NonNull<Inner<T>>) -> Self {
@@ -912,26 +1304,25 @@ impl<T> Weak<T> {
         // Relaxed: a new unit from an existing one, as Arc::clone.
         unsafe { inner(p) }.units.fetch_add(1, Ordering::Relaxed);
         Weak {
-            inner: p,
+            inner: Some(p),
             _owns: PhantomData,
         }
     }
 
-    fn inner(&self) -> &Inner<T> {
-        // SAFETY: a `Weak` holds an allocation unit.
-        unsafe { inner(self.inner) }
-    }
-
-    fn make_ref(&self) -> Ref<T> {
-        Ref {
-            inner: self.inner,
-            _owns: PhantomData,
-        }
+    /// The block, unless this is an empty [`Weak::new`].
+    #[inline]
+    fn inner(&self) -> Option<(NonNull<Inner<T>>, &Inner<T>)> {
+        // SAFETY: a non-empty `Weak` holds an allocation unit.
+        self.inner.map(|p| (p, unsafe { inner(p) }))
     }
 
     /// A reference unless the object is dead (killed, or frozen or being
     /// frozen): as `css_tryget_online`. Once [`Owner::kill`] or
-    /// [`Owner::freeze`] has returned, this fails on every thread.
+    /// [`Owner::freeze`] has returned, this fails on every thread. Always
+    /// fails on a [`Weak::new`].
+    ///
+    /// `Arc`'s `Weak::upgrade` succeeds on any object not yet dropped, as
+    /// [`tryget`](Self::tryget) does; this is the one a lookup table wants.
     ///
     /// # Examples
     ///
@@ -948,38 +1339,115 @@ impl<T> Weak<T> {
     /// assert_eq!(killed.wait(), 1);
     /// ```
     #[inline]
+    #[doc(alias = "upgrade")]
+    #[must_use = "a Ref that is dropped at once is a get and a put for nothing"]
     pub fn tryget_live(&self) -> Option<Ref<T>> {
         // mutant owned_tryget_live_as_tryget: a killed object still referenced
         // hands out new references.
         #[cfg(percpu_ref_mutant = "owned_tryget_live_as_tryget")]
         return self.tryget();
         #[cfg(not(percpu_ref_mutant = "owned_tryget_live_as_tryget"))]
-        self.inner().pref.tryget_live().then(|| self.make_ref())
+        {
+            let (p, inner) = self.inner()?;
+            inner.pref.tryget_live().then(|| make_ref(p))
+        }
     }
 
     /// A reference unless the object was released (its last reference is
-    /// gone): succeeds on a killed object still in use, as `css_tryget`.
+    /// gone): succeeds on a killed object still in use, as `css_tryget`
+    /// and as `Arc`'s `Weak::upgrade`. Always fails on a [`Weak::new`].
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use percpu_ref::owned::Owner;
+    /// let o = Owner::new(1);
+    /// let w = o.downgrade();
+    /// let r = o.get();
+    /// drop(o); // killed, but `r` keeps it
+    /// assert_eq!(*w.tryget().unwrap(), 1);
+    /// drop(r); // released: `T` is dropped
+    /// assert!(w.tryget().is_none());
+    /// ```
     #[inline]
+    #[doc(alias = "upgrade")]
+    #[must_use = "a Ref that is dropped at once is a get and a put for nothing"]
     pub fn tryget(&self) -> Option<Ref<T>> {
-        self.inner().pref.tryget().then(|| self.make_ref())
+        let (p, inner) = self.inner()?;
+        inner.pref.tryget().then(|| make_ref(p))
     }
 
-    /// Whether two handles point to the same object.
+    /// Whether two handles point to the same object; two [`Weak::new`]s
+    /// are equal (as in `std`).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use percpu_ref::owned::{Owner, Weak};
+    /// let o = Owner::new(1);
+    /// assert!(Weak::ptr_eq(&o.downgrade(), &o.downgrade()));
+    /// assert!(!Weak::ptr_eq(&o.downgrade(), &Weak::new()));
+    /// ```
+    #[must_use]
     pub fn ptr_eq(a: &Weak<T>, b: &Weak<T>) -> bool {
         a.inner == b.inner
+    }
+
+    /// The address of the object's `T`, as [`Ref::as_ptr`] (also after
+    /// `T` was dropped: the `Weak` keeps the allocation, not the value), or
+    /// a dangling, aligned, non-null address for a [`Weak::new`]. As
+    /// `Arc`'s `Weak::as_ptr`, reading through it is only valid while a
+    /// reference keeps `T` alive.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use percpu_ref::owned::{Owner, Ref};
+    /// let o = Owner::new(1);
+    /// let w = o.downgrade();
+    /// assert_eq!(w.as_ptr(), Ref::as_ptr(&o.get()));
+    /// ```
+    #[must_use]
+    pub fn as_ptr(&self) -> *const T {
+        match self.inner {
+            // SAFETY: our allocation unit keeps the block allocated.
+            Some(p) => unsafe { value_ptr(p) },
+            None => NonNull::dangling().as_ptr(),
+        }
+    }
+}
+
+/// A `Ref` for the block at `p`, whose reference the caller just took.
+#[inline(always)]
+fn make_ref<T>(p: NonNull<Inner<T>>) -> Ref<T> {
+    Ref {
+        inner: p,
+        _owns: PhantomData,
+    }
+}
+
+impl<T> Default for Weak<T> {
+    /// [`Weak::new`].
+    fn default() -> Self {
+        Weak::new()
     }
 }
 
 impl<T> Clone for Weak<T> {
     fn clone(&self) -> Self {
-        Weak::new_unit(self.inner)
+        match self.inner {
+            Some(p) => Weak::new_unit(p),
+            None => Weak::new(),
+        }
     }
 }
 
 impl<T> Drop for Weak<T> {
     fn drop(&mut self) {
-        // SAFETY: this `Weak` owns one allocation unit and is going away.
-        unsafe { drop_unit::<T>(self.inner.as_ptr().cast_const().cast()) }
+        if let Some(p) = self.inner {
+            // SAFETY: this `Weak` owns one allocation unit and is going away.
+            unsafe { drop_unit::<T>(p.as_ptr().cast_const().cast()) }
+        }
     }
 }
 
@@ -997,6 +1465,55 @@ impl<T> fmt::Debug for Weak<T> {
 /// Dropping a `Killed` before release leaves `T` to the thread that drops
 /// the last reference; dropping it after release drops `T` here.
 ///
+/// # As a future
+///
+/// `Killed<T>` is a [`Future`] with `Output = T`: it resolves once the last
+/// reference is gone, as [`wait`](Self::wait) returns, without blocking a
+/// thread. The last reference's drop wakes the task that polled it last.
+/// Once it has returned `T`, polling it again panics (as most `std`
+/// futures do), and so do [`wait`](Self::wait),
+/// [`wait_timeout`](Self::wait_timeout) and [`try_take`](Self::try_take);
+/// dropping it then does nothing. A tiny executor, one thread parked
+/// between polls:
+///
+/// ```
+/// use percpu_ref::owned::Owner;
+/// use std::future::Future;
+/// use std::pin::pin;
+/// use std::sync::Arc;
+/// use std::task::{Context, Poll, Wake, Waker};
+/// use std::thread::{self, Thread};
+///
+/// struct Unpark(Thread);
+/// impl Wake for Unpark {
+///     fn wake(self: Arc<Self>) {
+///         self.0.unpark();
+///     }
+/// }
+///
+/// fn block_on<F: Future>(fut: F) -> F::Output {
+///     let mut fut = pin!(fut);
+///     let waker = Waker::from(Arc::new(Unpark(thread::current())));
+///     let mut cx = Context::from_waker(&waker);
+///     loop {
+///         match fut.as_mut().poll(&mut cx) {
+///             Poll::Ready(v) => return v,
+///             Poll::Pending => thread::park(), // until the wake (or spuriously)
+///         }
+///     }
+/// }
+///
+/// let owner = Owner::new(vec![1, 2, 3]);
+/// let r = owner.get();
+/// let user = thread::spawn(move || {
+///     thread::sleep(std::time::Duration::from_millis(10));
+///     r.len() // the last reference is dropped here
+/// });
+/// let value = block_on(owner.kill()); // resolves once `r` is gone
+/// assert_eq!(value, [1, 2, 3]);
+/// assert_eq!(user.join().unwrap(), 3);
+/// ```
+///
 /// `Send` and `Sync` when `T: Send` (it never gives out `&T`):
 ///
 /// ```compile_fail
@@ -1004,32 +1521,82 @@ impl<T> fmt::Debug for Weak<T> {
 /// let k = Owner::new(std::rc::Rc::new(1)).kill();
 /// std::thread::spawn(move || k.wait());
 /// ```
+#[must_use = "dropping a Killed gives up `T` (the last Ref drops it); to kill without taking `T` back, drop the Owner"]
 pub struct Killed<T> {
-    inner: NonNull<Inner<T>>,
+    /// The block, or `None` once the future has returned `T` and given up
+    /// the owner side's unit with it.
+    inner: Option<NonNull<Inner<T>>>,
     _owns: PhantomData<Inner<T>>,
 }
 
 // SAFETY: a `Killed` moves or drops `T` on its thread (`T: Send`) and never
-// gives out `&T`; `release` hands over to it under the state lock.
+// gives out `&T`; `release` hands over to it under the state lock. The
+// waker it stores is `Send + Sync`.
 unsafe impl<T: Send> Send for Killed<T> {}
 // SAFETY: `&Killed` only reads the released flag.
 unsafe impl<T: Send> Sync for Killed<T> {}
 
 impl<T> Killed<T> {
-    fn inner(&self) -> &Inner<T> {
-        // SAFETY: a `Killed` holds the owner side's allocation unit.
-        unsafe { inner(self.inner) }
+    /// The block, unless the future has already returned `T`.
+    fn inner(&self) -> Option<&Inner<T>> {
+        // SAFETY: until then a `Killed` holds the owner side's unit.
+        self.inner.map(|p| unsafe { inner(p) })
+    }
+
+    /// The block, for an operation that needs `T` still here.
+    fn inner_for(&self, op: &str) -> &Inner<T> {
+        match self.inner() {
+            Some(i) => i,
+            None => panic!("owned::Killed::{op}: the Killed future already returned the value"),
+        }
     }
 
     /// Whether the last reference is gone, so that `T` can be taken without
-    /// blocking.
+    /// blocking (also true once the future has returned `T`).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use percpu_ref::owned::Owner;
+    /// let o = Owner::new(1);
+    /// let r = o.get();
+    /// let k = o.kill();
+    /// assert!(!k.is_released());
+    /// drop(r);
+    /// assert!(k.is_released());
+    /// # drop(k);
+    /// ```
+    #[must_use]
     pub fn is_released(&self) -> bool {
-        self.inner().is_released()
+        self.inner().is_none_or(Inner::is_released)
     }
 
     /// Blocks until the last reference is gone, then returns `T`.
+    ///
+    /// `Arc::into_inner` returns `T` only when called on the last
+    /// reference (and drops it otherwise); a killed object can gain no new
+    /// reference, so this waits for the others instead. Await the `Killed`
+    /// to wait without blocking a thread; drop it for `into_inner`'s `None`
+    /// (the last `Ref` then drops `T`).
+    ///
+    /// # Panics
+    ///
+    /// If the future has already returned `T` (see *As a future*).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use percpu_ref::owned::Owner;
+    /// let o = Owner::new(String::from("v"));
+    /// let r = o.get();
+    /// let k = o.kill();
+    /// std::thread::spawn(move || drop(r));
+    /// assert_eq!(k.wait(), "v");
+    /// ```
+    #[doc(alias = "into_inner")]
+    #[must_use = "the value is dropped at once; write `drop(killed.wait())` if that is the point"]
     pub fn wait(self) -> T {
-        self.inner().wait_released(None);
+        self.inner_for("wait").wait_released(None);
         self.take()
     }
 
@@ -1038,9 +1605,25 @@ impl<T> Killed<T> {
     /// # Errors
     ///
     /// Gives `self` back when references remain after `timeout`.
+    ///
+    /// # Panics
+    ///
+    /// If the future has already returned `T` (see *As a future*).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use percpu_ref::owned::Owner;
+    /// use std::time::Duration;
+    /// let o = Owner::new(1);
+    /// let r = o.get();
+    /// let k = o.kill().wait_timeout(Duration::from_millis(1)).unwrap_err();
+    /// drop(r);
+    /// assert_eq!(k.wait_timeout(Duration::ZERO).unwrap(), 1);
+    /// ```
     pub fn wait_timeout(self, timeout: Duration) -> Result<T, Self> {
         if self
-            .inner()
+            .inner_for("wait_timeout")
             .wait_released(Instant::now().checked_add(timeout))
         {
             Ok(self.take())
@@ -1051,11 +1634,32 @@ impl<T> Killed<T> {
 
     /// `T` if the last reference is gone, else `self` back; never blocks.
     ///
+    /// The counterpart of `Arc::try_unwrap` (and of `Arc::into_inner` on
+    /// the last reference): `T` if no other reference exists. Unlike
+    /// `Arc`, the owner must kill first ([`Owner::kill`]), so none can be
+    /// made while the caller retries.
+    ///
     /// # Errors
     ///
     /// Gives `self` back when references remain.
+    ///
+    /// # Panics
+    ///
+    /// If the future has already returned `T` (see *As a future*).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use percpu_ref::owned::Owner;
+    /// let o = Owner::new(1);
+    /// let r = o.get();
+    /// let k = o.kill().try_take().unwrap_err();
+    /// drop(r);
+    /// assert_eq!(k.try_take().unwrap(), 1);
+    /// ```
+    #[doc(alias = "try_unwrap", alias = "into_inner")]
     pub fn try_take(self) -> Result<T, Self> {
-        if self.is_released() {
+        if self.inner_for("try_take").is_released() {
             Ok(self.take())
         } else {
             Err(self)
@@ -1064,32 +1668,105 @@ impl<T> Killed<T> {
 
     /// Moves `T` out of a released block and gives up the owner's unit.
     fn take(self) -> T {
-        let this = ManuallyDrop::new(self);
-        // SAFETY: released and claimed by us: no reference exists, none can
-        // be made (dead, count zero, and the owner is gone), and `release`
-        // left `T` to us.
-        let value = unsafe { this.inner().take_value() };
-        // SAFETY: `this` held the owner side's unit and is not dropped.
-        unsafe { drop_unit::<T>(this.inner.as_ptr().cast_const().cast()) };
-        value
+        let mut this = ManuallyDrop::new(self);
+        match this.inner.take() {
+            // SAFETY: released (the callers checked) and still ours.
+            Some(p) => unsafe { take_released(p) },
+            None => unreachable!("owned::Killed: the callers checked the value is here"),
+        }
+    }
+}
+
+/// Moves `T` out of the block at `p` and gives up the owner side's unit.
+///
+/// # Safety
+///
+/// The caller holds the owner side's unit of a released block whose `T` it
+/// claimed and has not taken, and gives the unit up.
+unsafe fn take_released<T>(p: NonNull<Inner<T>>) -> T {
+    // SAFETY: released and claimed by us: no reference exists, none can be
+    // made (dead, count zero, and the owner is gone), and `release` left `T`
+    // to us. The unit keeps the block alive.
+    let value = unsafe { inner(p).take_value() };
+    // SAFETY: the caller's unit, given up here.
+    unsafe { drop_unit::<T>(p.as_ptr().cast_const().cast()) };
+    value
+}
+
+impl<T> Future for Killed<T> {
+    type Output = T;
+
+    /// `T` once the last reference is gone; until then registers the
+    /// task's waker, which that reference's drop wakes.
+    ///
+    /// # Panics
+    ///
+    /// If polled again after returning `T`.
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<T> {
+        let Some(p) = self.inner else {
+            panic!("owned::Killed polled after it returned the value");
+        };
+        // SAFETY: until it returns `T`, the `Killed` holds the owner side's
+        // unit.
+        let inner = unsafe { inner(p) };
+        // mutant owned_future_no_recheck: check, then register in a second
+        // critical section without checking again; a release in between
+        // finds no waker, and the task sleeps for good.
+        #[cfg(percpu_ref_mutant = "owned_future_no_recheck")]
+        {
+            if !sync::lock(&inner.state).released {
+                let old = sync::lock(&inner.state).waker.replace(cx.waker().clone());
+                drop(old);
+                return Poll::Pending;
+            }
+        }
+        #[cfg(not(percpu_ref_mutant = "owned_future_no_recheck"))]
+        {
+            let mut s = sync::lock(&inner.state);
+            if !s.released {
+                // Registered in the critical section that saw `released`
+                // false, so `release` (which sets it under this lock and
+                // then takes the waker) takes this waker or a later one.
+                let old = match &s.waker {
+                    Some(w) if w.will_wake(cx.waker()) => None,
+                    _ => s.waker.replace(cx.waker().clone()),
+                };
+                drop(s);
+                drop(old); // a waker's drop is user code: not under our lock
+                return Poll::Pending;
+            }
+        }
+        // `Killed` is `Unpin`: no pinned field is touched.
+        self.inner = None;
+        // SAFETY: released, and the unit and the claim were ours until the
+        // line above gave them to this call.
+        Poll::Ready(unsafe { take_released(p) })
     }
 }
 
 impl<T> Drop for Killed<T> {
     fn drop(&mut self) {
-        let ptr = self.inner.as_ptr().cast_const().cast();
+        // The future returned `T` and gave up the unit already.
+        let Some(p) = self.inner else { return };
+        let ptr = p.as_ptr().cast_const().cast();
         // SAFETY: a `Killed` holds the owner side's unit and is going away;
         // dropped last, also if `T`'s `Drop` panics.
         let _unit = OnDrop(|| unsafe { drop_unit::<T>(ptr) });
-        let inner = self.inner();
+        // SAFETY: the unit keeps the block alive.
+        let inner = unsafe { inner(p) };
         let mut s = sync::lock(&inner.state);
-        if s.released {
-            drop(s);
-            // SAFETY: as in `take`.
-            unsafe { inner.drop_value() };
-        } else {
+        // Nobody will poll again: do not keep the task alive until release.
+        let waker = s.waker.take();
+        let released = s.released;
+        if !released {
             // `release` has not run: it will drop `T` itself.
             s.claimed = false;
+        }
+        drop(s);
+        drop(waker);
+        if released {
+            // SAFETY: as in `take_released`.
+            unsafe { inner.drop_value() };
         }
     }
 }
@@ -1098,9 +1775,51 @@ impl<T> fmt::Debug for Killed<T> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Killed")
             .field("released", &self.is_released())
+            .field("taken", &self.inner.is_none())
             .finish()
     }
 }
+
+// ----- marker traits --------------------------------------------------------
+
+// Unpin: no handle pins anything. `T` lives in the heap block and no method
+// gives out `Pin<&mut T>`, so moving a handle never moves `T` (as `Arc<T>:
+// Unpin` for every `T`). Without these, `PhantomData<Inner<T>>` would make a
+// handle `Unpin` only when `T` is, and a `Killed` of a `!Unpin` value could
+// not be polled through `Pin::new(&mut killed)`.
+impl<T> Unpin for Owner<T> {}
+impl<T> Unpin for Ref<T> {}
+impl<T> Unpin for Weak<T> {}
+impl<T> Unpin for Killed<T> {}
+
+// Unwind safety. The auto impls are missing for every handle because the
+// block holds `T` in an `UnsafeCell` (and the ref's boxed callback), not
+// because a panic could tear anything of ours: the counts and the state
+// lock are consistent at every point where user code can panic (`T`'s
+// `Drop` inside `release` or a `Killed`'s drop, a waker), which the module
+// handles, and the state lock ignores poisoning on purpose. What a handle
+// shares across a `catch_unwind` boundary is then `&T` alone:
+//
+// - `Ref` and `Weak` give `&T` (now or after a `tryget`) and nothing else,
+//   so they are unwind safe when `T: RefUnwindSafe`, as `Arc<T>`.
+// - `&Owner` gives `&T`, `Ref`s and `Weak`s: `Owner: RefUnwindSafe` on the
+//   same terms. An `Owner` by value is *not* `UnwindSafe`: it can freeze,
+//   and a panic while the `Frozen` guard's `&mut T` is half way through an
+//   update unfreezes on the way out (there is no poisoning), so the other
+//   handles (`Weak`s outside the closure) could see the torn `T` — the
+//   reason `Arc::get_mut` refuses while any `Weak` exists. Wrap it in
+//   `AssertUnwindSafe` when that cannot happen.
+// - `Killed` never gives `&T`; it is `T` in waiting, so it is unwind safe
+//   as `T` is (as `Option<T>`).
+// - `Frozen` keeps its auto impls: `&mut Owner` is never `UnwindSafe`, and
+//   `&Frozen` gives `&T` (via `Owner: RefUnwindSafe`).
+impl<T: RefUnwindSafe> UnwindSafe for Ref<T> {}
+impl<T: RefUnwindSafe> RefUnwindSafe for Ref<T> {}
+impl<T: RefUnwindSafe> UnwindSafe for Weak<T> {}
+impl<T: RefUnwindSafe> RefUnwindSafe for Weak<T> {}
+impl<T: RefUnwindSafe> RefUnwindSafe for Owner<T> {}
+impl<T: UnwindSafe> UnwindSafe for Killed<T> {}
+impl<T: RefUnwindSafe> RefUnwindSafe for Killed<T> {}
 
 // ----- Frozen ---------------------------------------------------------------
 
@@ -1108,6 +1827,7 @@ impl<T> fmt::Debug for Killed<T> {
 ///
 /// While it lives no [`Ref`] exists and none can be made. Made by
 /// [`Owner::freeze`] and [`Owner::freeze_timeout`].
+#[must_use = "dropping the Frozen guard unfreezes at once"]
 pub struct Frozen<'a, T> {
     owner: &'a mut Owner<T>,
 }
@@ -1456,6 +2176,109 @@ mod tests {
         assert_eq!(live_blocks(), before);
         // No unit was left owed on this thread.
         assert!(OWED.with(Cell::take).is_none());
+    }
+
+    #[test]
+    fn raw_round_trip_keeps_the_reference_and_the_block() {
+        let _s = serial();
+        let before = live_blocks();
+        let (v, d) = tracked(50);
+        let o = Owner::new(v);
+        let w = o.downgrade();
+        let p = Ref::into_raw(o.get());
+        let k = o.kill();
+        assert!(!k.is_released(), "the raw reference still counts");
+        assert!(
+            w.tryget().is_some(),
+            "and keeps the object dying, not released"
+        );
+        // SAFETY: `p` came from `into_raw` and is turned back once.
+        let r = unsafe { Ref::from_raw(p) };
+        assert_eq!(r.payload, 50);
+        drop(r);
+        assert!(k.is_released(), "from_raw's Ref put the raw reference");
+        assert_eq!(k.wait().payload, 50);
+        assert_eq!(drops(&d), 1);
+        drop(w);
+        assert_eq!(live_blocks(), before);
+    }
+
+    #[test]
+    fn empty_weak_allocates_and_frees_nothing() {
+        let _s = serial();
+        let before = live_blocks();
+        let w: Weak<Tracked> = Weak::new();
+        let w2 = w.clone();
+        assert!(w2.tryget().is_none() && w2.tryget_live().is_none());
+        assert_eq!(live_blocks(), before);
+        drop((w, w2));
+        assert_eq!(live_blocks(), before);
+    }
+
+    /// Counts its wakes.
+    struct CountWakes(StdAtomicUsize);
+
+    impl std::task::Wake for CountWakes {
+        fn wake(self: Arc<Self>) {
+            self.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        }
+    }
+
+    #[test]
+    fn killed_future_takes_the_value_and_gives_up_the_unit() {
+        let _s = serial();
+        let before = live_blocks();
+        let (v, d) = tracked(60);
+        let o = Owner::new(v);
+        let r = o.get();
+        let mut k = o.kill();
+        let wakes = Arc::new(CountWakes(StdAtomicUsize::new(0)));
+        let waker = Waker::from(wakes.clone());
+        let mut cx = Context::from_waker(&waker);
+        assert!(Pin::new(&mut k).poll(&mut cx).is_pending());
+        assert_eq!(wakes.0.load(std::sync::atomic::Ordering::SeqCst), 0);
+        drop(r);
+        assert_eq!(wakes.0.load(std::sync::atomic::Ordering::SeqCst), 1);
+        match Pin::new(&mut k).poll(&mut cx) {
+            Poll::Ready(v) => assert_eq!(v.payload, 60),
+            Poll::Pending => panic!("released but pending"),
+        }
+        assert_eq!(drops(&d), 1, "the value was handed out and dropped once");
+        assert_eq!(
+            live_blocks(),
+            before,
+            "the owner's unit went with the value"
+        );
+        assert!(k.is_released());
+        drop(k); // a completed future drops nothing more
+        assert_eq!(drops(&d), 1);
+        assert_eq!(live_blocks(), before);
+    }
+
+    #[test]
+    fn killed_dropped_while_pending_drops_its_waker_and_leaves_value_to_last_ref() {
+        let _s = serial();
+        let before = live_blocks();
+        let (v, d) = tracked(70);
+        let o = Owner::new(v);
+        let r = o.get();
+        let mut k = o.kill();
+        let wakes = Arc::new(CountWakes(StdAtomicUsize::new(0)));
+        let waker = Waker::from(wakes.clone());
+        assert!(Pin::new(&mut k)
+            .poll(&mut Context::from_waker(&waker))
+            .is_pending());
+        assert_eq!(Arc::strong_count(&wakes), 3, "registered");
+        drop(k);
+        assert_eq!(
+            Arc::strong_count(&wakes),
+            2,
+            "the waker went with the Killed"
+        );
+        drop(r);
+        assert_eq!(wakes.0.load(std::sync::atomic::Ordering::SeqCst), 0);
+        assert_eq!(drops(&d), 1);
+        assert_eq!(live_blocks(), before);
     }
 
     #[test]
