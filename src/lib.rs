@@ -260,6 +260,22 @@
 )]
 #![deny(unsafe_op_in_unsafe_fn)]
 #![warn(missing_docs)]
+// Lints the library follows beyond rustc's and clippy's defaults (CI runs
+// clippy with `-D warnings`; Cargo.toml adds `undocumented_unsafe_blocks`):
+// all of clippy's pedantic group. For users that means `#[must_use]` on
+// every result that must not be dropped (with the reason where dropping
+// leaks or loses something), `# Panics` and `# Errors` sections, no silent
+// truncating or sign-losing casts, and identifiers in backticks in docs.
+// Exceptions are item-level `allow`s with a `reason`, plus one crate-wide:
+// `inline_always`, because the fast path's inlining is measured
+// (scripts/callgrind-pair counts its instructions) rather than left to the
+// optimizer's heuristics. Tests, benches and examples are not held to
+// pedantic (the lint block is the library's, not Cargo.toml's); neither are
+// the unit tests, hence the `cfg(test)` allow: the library's own code is
+// still checked by the non-test build that `--all-targets` also lints.
+#![warn(clippy::pedantic)]
+#![allow(clippy::inline_always)]
+#![cfg_attr(test, allow(clippy::pedantic))]
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 mod atomic_mode;
