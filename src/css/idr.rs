@@ -62,17 +62,9 @@ fn null_slots(n: usize) -> Box<[AtomicPtr<Css>]> {
 impl Idr {
     /// A table for ids `1..capacity`.
     ///
-    /// # Panics
-    ///
-    /// If `capacity` is above 2^32: ids are `u32`, as the kernel's css ids
-    /// are `int`s (the hierarchy checks `max_css_ids` first).
+    /// `capacity` is at most 2^32 (ids are `u32`): `Hierarchy::with_options`
+    /// refuses a larger `max_css_ids`, naming it, before making any table.
     pub(crate) fn new(capacity: usize) -> Idr {
-        assert!(
-            capacity
-                .checked_sub(1)
-                .is_none_or(|max| u32::try_from(max).is_ok()),
-            "css idr: a table of {capacity} ids does not fit u32 ids (at most 2^32)"
-        );
         let capacity = capacity.max(2);
         Idr {
             slots: null_slots(capacity),
@@ -94,7 +86,8 @@ impl Idr {
         a.used[id] = true;
         a.in_use += 1;
         a.next = if id + 1 >= cap { min } else { id + 1 };
-        // Below `cap`, which `new` keeps at most 2^32.
+        // Below `cap`, at most 2^32 (see `new`); the check is the last line
+        // of defence, not the one users meet.
         Some(
             u32::try_from(id).unwrap_or_else(|_| panic!("css idr: alloc found id {id}, above u32")),
         )
