@@ -1544,9 +1544,9 @@ impl<T> Killed<T> {
     }
 
     /// The block, for an operation that needs `T` still here.
-    fn inner_for(&self, op: &str) -> &Inner<T> {
-        match self.inner() {
-            Some(i) => i,
+    fn block_for(&self, op: &str) -> NonNull<Inner<T>> {
+        match self.inner {
+            Some(p) => p,
             None => panic!("owned::Killed::{op}: the Killed future already returned the value"),
         }
     }
@@ -1596,8 +1596,10 @@ impl<T> Killed<T> {
     #[doc(alias = "into_inner")]
     #[must_use = "the value is dropped at once; write `drop(killed.wait())` if that is the point"]
     pub fn wait(self) -> T {
-        self.inner_for("wait").wait_released(None);
-        self.take()
+        let p = self.block_for("wait");
+        // SAFETY: a `Killed` holds the owner side's unit.
+        unsafe { inner(p) }.wait_released(None);
+        self.take(p)
     }
 
     /// As [`wait`](Self::wait), giving up after `timeout`.
@@ -1622,11 +1624,10 @@ impl<T> Killed<T> {
     /// assert_eq!(k.wait_timeout(Duration::ZERO).unwrap(), 1);
     /// ```
     pub fn wait_timeout(self, timeout: Duration) -> Result<T, Self> {
-        if self
-            .inner_for("wait_timeout")
-            .wait_released(Instant::now().checked_add(timeout))
-        {
-            Ok(self.take())
+        let p = self.block_for("wait_timeout");
+        // SAFETY: a `Killed` holds the owner side's unit.
+        if unsafe { inner(p) }.wait_released(Instant::now().checked_add(timeout)) {
+            Ok(self.take(p))
         } else {
             Err(self)
         }
@@ -1659,21 +1660,22 @@ impl<T> Killed<T> {
     /// ```
     #[doc(alias = "try_unwrap", alias = "into_inner")]
     pub fn try_take(self) -> Result<T, Self> {
-        if self.inner_for("try_take").is_released() {
-            Ok(self.take())
+        let p = self.block_for("try_take");
+        // SAFETY: a `Killed` holds the owner side's unit.
+        if unsafe { inner(p) }.is_released() {
+            Ok(self.take(p))
         } else {
             Err(self)
         }
     }
 
-    /// Moves `T` out of a released block and gives up the owner's unit.
-    fn take(self) -> T {
-        let mut this = ManuallyDrop::new(self);
-        match this.inner.take() {
-            // SAFETY: released (the callers checked) and still ours.
-            Some(p) => unsafe { take_released(p) },
-            None => unreachable!("owned::Killed: the callers checked the value is here"),
-        }
+    /// Moves `T` out of the released block `p` (this `Killed`'s, which the
+    /// caller found released) and gives up the owner's unit with `self`.
+    fn take(self, p: NonNull<Inner<T>>) -> T {
+        // The unit goes with `T`: `self` must not drop it again.
+        std::mem::forget(self);
+        // SAFETY: released (the caller checked) and still ours.
+        unsafe { take_released(p) }
     }
 }
 
