@@ -796,9 +796,10 @@ impl Report {
             "\nRSS growth: resident memory (`/proc/self/statm`) after creating the refs minus \
              before, over the refs, each row in a new process. The `Vec` holding the refs \
              ({OBJECT} B × refs) is resident before the first reading, so it is not in the \
-             growth; \"+ object\" adds it back. The last four columns are shares of the first \
-             batch's growth: RSS after dropping it, the growth while creating a second batch \
-             (the issue's reuse target), and the second batch's peak above the first's (near 0 \
+             growth; \"+ object\" adds it back. Kept after drop, 2nd batch growth and 2nd peak \
+             are shares of the first batch's growth: RSS after dropping it, the growth while \
+             creating a second batch (the issue's reuse target), and the second batch's peak \
+             above the first's (near 0 \
              both when freed memory is reused and when it was returned to the system and \
              taken again; near 100 % when it leaked).\n"
         );
