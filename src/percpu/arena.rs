@@ -43,6 +43,19 @@
 //! above it: a wrong count costs speed (operations on the CPUs above it
 //! are atomic), never a write outside a chunk.
 //!
+//! # Thread caches
+//!
+//! Creating and dropping refs must scale with threads (a ref per
+//! connection or request), so the create/drop path takes no lock: each
+//! thread keeps a cache of up to [`CACHE_MAX`] free slots and moves
+//! [`BATCH`] of them at a time to or from the shared pool, under the lock,
+//! once every `BATCH` creations or drops at most. A slot in a cache is
+//! free and zeroed; it moves between threads only through the pool, so the
+//! lock orders its zeroing before its next owner's use. A thread that
+//! exits gives its cache back. Memory is never returned to the system:
+//! chunks live for the process, and a dropped ref's slot is reused by the
+//! next ref created (on this thread first).
+//!
 //! # Fork
 //!
 //! The bookkeeping (chunks, free list) sits behind a small spin lock of our
@@ -60,10 +73,12 @@
 use super::cpus::possible_cpus;
 use super::ArenaStats;
 use std::alloc::{self, Layout};
+use std::cell::RefCell;
 use std::cell::UnsafeCell;
 use std::ops::{Deref, DerefMut};
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
 
 /// log2 of [`REGION`].
 pub(crate) const REGION_SHIFT: u32 = 12;
@@ -71,14 +86,30 @@ pub(crate) const REGION_SHIFT: u32 = 12;
 pub(crate) const REGION: usize = 1 << REGION_SHIFT;
 /// Slots per chunk.
 const SLOTS_PER_CHUNK: usize = REGION / 8;
+/// Slots moved between a thread's cache and the pool at a time.
+const BATCH: usize = 32;
+/// The most free slots a thread keeps; one more returns [`BATCH`] of them.
+const CACHE_MAX: usize = 2 * BATCH;
+
+/// A free slot: its index (for the pool) and its CPU-0 address (so that a
+/// thread can hand it out without reading `chunks` under the lock).
+#[derive(Clone, Copy)]
+struct FreeSlot {
+    index: u32,
+    base: NonNull<u8>,
+}
 
 struct Arena {
     chunks: Vec<NonNull<u8>>,
-    /// Slots released by dropped refs, reused before fresh ones.
+    /// Zeroed slots released by dropped refs, reused before fresh ones
+    /// (indices only: 4 bytes per free slot, the address is recomputed).
     free: Vec<u32>,
     /// Slots handed out at least once: `0..fresh_next`.
     fresh_next: usize,
-    live: usize,
+    /// Slots outside the pool: owned by live refs or in a thread's cache.
+    out: usize,
+    /// Each thread cache's length, for [`stats`].
+    caches: Vec<Arc<AtomicUsize>>,
 }
 
 /// The arena's bookkeeping and the lock that guards it (see "Fork" above).
@@ -98,7 +129,8 @@ static ARENA: ArenaLock = ArenaLock {
         chunks: Vec::new(),
         free: Vec::new(),
         fresh_next: 0,
-        live: 0,
+        out: 0,
+        caches: Vec::new(),
     }),
 };
 
@@ -242,38 +274,137 @@ unsafe impl Send for Slot {}
 // SAFETY: as above.
 unsafe impl Sync for Slot {}
 
-impl Slot {
-    /// Takes a free slot (a released one first), zeroed on every CPU.
-    pub(crate) fn alloc() -> Slot {
-        let mut a = arena();
-        let (index, reused) = if let Some(i) = a.free.pop() {
-            (i as usize, true)
-        } else {
-            let i = a.fresh_next;
-            if i == a.chunks.len() * SLOTS_PER_CHUNK {
-                let layout = chunk_layout();
-                // SAFETY: the layout has a non-zero size.
-                let p = unsafe { alloc::alloc_zeroed(layout) };
-                let Some(p) = NonNull::new(p) else {
-                    alloc::handle_alloc_error(layout)
-                };
-                a.chunks.push(p);
-            }
-            a.fresh_next = i + 1;
-            (i, false)
-        };
-        let index = u32::try_from(index)
-            .unwrap_or_else(|_| panic!("percpu_ref: the arena is full ({index} slots)"));
-        let chunk = a.chunks[index as usize / SLOTS_PER_CHUNK];
-        a.live += 1;
-        drop(a);
-        // SAFETY: the offset is below REGION, inside CPU 0's region.
-        let base = unsafe { chunk.add(index as usize % SLOTS_PER_CHUNK * 8) };
-        let slot = Slot { base, index };
-        if reused {
-            slot.zero();
+impl Arena {
+    /// Moves up to `n` free slots (released ones first, then fresh ones,
+    /// allocating at most one chunk) from the pool into `into`.
+    fn take(&mut self, n: usize, into: &mut Vec<FreeSlot>) {
+        let reused = n.min(self.free.len());
+        let start = self.free.len() - reused;
+        for i in start..self.free.len() {
+            let index = self.free[i];
+            into.push(FreeSlot {
+                index,
+                base: self.slot_base(index as usize),
+            });
         }
+        self.free.truncate(start);
+        let mut fresh = n - reused;
+        if fresh > 0 && self.fresh_next == self.chunks.len() * SLOTS_PER_CHUNK {
+            let layout = chunk_layout();
+            // SAFETY: the layout has a non-zero size.
+            let p = unsafe { alloc::alloc_zeroed(layout) };
+            let Some(p) = NonNull::new(p) else {
+                alloc::handle_alloc_error(layout)
+            };
+            self.chunks.push(p);
+        }
+        fresh = fresh.min(self.chunks.len() * SLOTS_PER_CHUNK - self.fresh_next);
+        for i in self.fresh_next..self.fresh_next + fresh {
+            let index = u32::try_from(i)
+                .unwrap_or_else(|_| panic!("percpu_ref: the arena is full ({i} slots)"));
+            into.push(FreeSlot {
+                index,
+                base: self.slot_base(i),
+            });
+        }
+        self.fresh_next += fresh;
+        self.out += reused + fresh;
+    }
+
+    /// Returns zeroed slots to the pool.
+    fn give(&mut self, slots: impl ExactSizeIterator<Item = FreeSlot>) {
+        self.out -= slots.len();
+        self.free.extend(slots.map(|s| s.index));
+    }
+
+    /// CPU 0's counter of slot `i` (of an allocated chunk).
+    fn slot_base(&self, i: usize) -> NonNull<u8> {
+        let chunk = self.chunks[i / SLOTS_PER_CHUNK];
+        // SAFETY: the offset is below REGION, inside CPU 0's region of an
+        // allocated chunk.
+        unsafe { chunk.add(i % SLOTS_PER_CHUNK * 8) }
+    }
+}
+
+/// A thread's free slots (see "Thread caches" above).
+struct Cache {
+    slots: RefCell<Vec<FreeSlot>>,
+    /// `slots.len()`, readable by [`stats`] from any thread.
+    len: Arc<AtomicUsize>,
+}
+
+impl Cache {
+    fn new() -> Cache {
+        let len = Arc::new(AtomicUsize::new(0));
+        arena().caches.push(len.clone());
+        Cache {
+            slots: RefCell::new(Vec::with_capacity(CACHE_MAX + 1)),
+            len,
+        }
+    }
+
+    /// A free slot from this thread's cache, refilled from the pool when
+    /// empty; `None` only if the cache is busy (re-entered).
+    fn pop(&self) -> Option<FreeSlot> {
+        let mut slots = self.slots.try_borrow_mut().ok()?;
+        if slots.is_empty() {
+            arena().take(BATCH, &mut slots);
+        }
+        let slot = slots.pop();
+        // ordering-audit: kept: a statistic; `stats` reads it under the
+        // arena lock, and a stale length only skews the live/free split.
+        self.len.store(slots.len(), Ordering::Relaxed);
         slot
+    }
+
+    /// Keeps a zeroed slot, returning a batch to the pool when full; false
+    /// (and the caller keeps the slot) if the cache is busy.
+    fn push(&self, slot: FreeSlot) -> bool {
+        let Ok(mut slots) = self.slots.try_borrow_mut() else {
+            return false;
+        };
+        slots.push(slot);
+        if slots.len() > CACHE_MAX {
+            let keep = slots.len() - BATCH;
+            arena().give(slots.drain(keep..));
+        }
+        // ordering-audit: kept: a statistic (see `pop`).
+        self.len.store(slots.len(), Ordering::Relaxed);
+        true
+    }
+}
+
+impl Drop for Cache {
+    fn drop(&mut self) {
+        let slots = std::mem::take(self.slots.get_mut());
+        let mut a = arena();
+        a.give(slots.into_iter());
+        a.caches.retain(|c| !Arc::ptr_eq(c, &self.len));
+    }
+}
+
+std::thread_local! {
+    static CACHE: Cache = Cache::new();
+}
+
+impl Slot {
+    /// Takes a free slot, zeroed on every CPU: from this thread's cache,
+    /// or from the pool when the cache cannot be used (the thread is
+    /// exiting, or the cache is re-entered).
+    pub(crate) fn alloc() -> Slot {
+        let free = CACHE
+            .try_with(Cache::pop)
+            .ok()
+            .flatten()
+            .unwrap_or_else(|| {
+                let mut one = Vec::with_capacity(1);
+                arena().take(1, &mut one);
+                one[0]
+            });
+        Slot {
+            base: free.base,
+            index: free.index,
+        }
     }
 
     /// The address of CPU 0's counter; the fast path adds `cpu << REGION_SHIFT`.
@@ -318,9 +449,16 @@ impl Slot {
 
 impl Drop for Slot {
     fn drop(&mut self) {
-        let mut a = arena();
-        a.free.push(self.index);
-        a.live -= 1;
+        // Zeroed here, by the thread that owned it last, so that every
+        // free slot is zero: a cached slot needs nothing at hand-out.
+        self.zero();
+        let free = FreeSlot {
+            index: self.index,
+            base: self.base,
+        };
+        if !CACHE.try_with(|c| c.push(free)).unwrap_or(false) {
+            arena().give(std::iter::once(free));
+        }
     }
 }
 
@@ -328,9 +466,11 @@ impl Drop for Slot {
 pub(super) fn stats() -> ArenaStats {
     let a = arena();
     let capacity = a.chunks.len() * SLOTS_PER_CHUNK;
+    // ordering-audit: kept: statistics (see `Cache::pop`).
+    let cached: usize = a.caches.iter().map(|c| c.load(Ordering::Relaxed)).sum();
     ArenaStats {
-        live_slots: a.live,
-        free_slots: a.free.len(),
+        live_slots: a.out.saturating_sub(cached),
+        free_slots: a.free.len() + cached,
         unused_slots: capacity - a.fresh_next,
         chunks: a.chunks.len(),
         reserved_bytes: a.chunks.len() * arena_cpus() * REGION,
@@ -364,5 +504,75 @@ mod tests {
         // Some slot is reused (maybe by a concurrent test); ours is zeroed.
         let c = Slot::alloc();
         assert_eq!(c.sum(), 0);
+    }
+
+    /// Slots dropped on one thread go back through the pool (the cache is
+    /// full, then the thread exits) and come out zeroed on another.
+    #[test]
+    fn slots_cross_threads_zeroed() {
+        const N: usize = 5 * CACHE_MAX;
+        let bases: Vec<usize> = std::thread::spawn(|| {
+            let slots: Vec<Slot> = (0..N).map(|_| Slot::alloc()).collect();
+            for s in &slots {
+                for cpu in 0..arena_cpus() {
+                    s.counter(cpu).store(7, Ordering::Relaxed);
+                }
+            }
+            slots.iter().map(|s| s.base() as usize).collect()
+        })
+        .join()
+        .unwrap();
+        assert_eq!(bases.len(), N);
+        let slots: Vec<Slot> = (0..N).map(|_| Slot::alloc()).collect();
+        for s in &slots {
+            assert_eq!(s.sum(), 0, "a reused slot is zero on every CPU");
+        }
+    }
+
+    /// Many threads allocate and drop slots through their caches: no slot
+    /// is ever owned twice, and an exited thread's cache is given back.
+    #[test]
+    fn no_slot_is_owned_twice() {
+        use std::collections::HashSet;
+        use std::sync::Mutex;
+        let live = Mutex::new(HashSet::new());
+        let threads = 4 * std::thread::available_parallelism().map_or(2, |n| n.get());
+        let rounds = if cfg!(debug_assertions) {
+            2_000
+        } else {
+            20_000
+        };
+        std::thread::scope(|s| {
+            for t in 0..threads {
+                let live = &live;
+                s.spawn(move || {
+                    let mut held: Vec<Slot> = Vec::new();
+                    for i in 0..rounds {
+                        // Hold a varying number so that caches fill, spill
+                        // and refill.
+                        if (i * 7 + t) % 3 == 0 || held.len() > 3 * CACHE_MAX {
+                            let n = held.len() / 2;
+                            for slot in held.drain(..n) {
+                                assert!(live.lock().unwrap().remove(&(slot.base() as usize)));
+                            }
+                        } else {
+                            let slot = Slot::alloc();
+                            assert_eq!(slot.sum(), 0);
+                            slot.counter(0).store(1, Ordering::Relaxed);
+                            assert!(
+                                live.lock().unwrap().insert(slot.base() as usize),
+                                "slot {:p} handed out twice",
+                                slot.base()
+                            );
+                            held.push(slot);
+                        }
+                    }
+                    for slot in held {
+                        assert!(live.lock().unwrap().remove(&(slot.base() as usize)));
+                    }
+                });
+            }
+        });
+        assert!(live.lock().unwrap().is_empty());
     }
 }
