@@ -37,6 +37,8 @@
 //! throughput numbers are as noisy as the machine: a busy machine lowers
 //! the all-threads column most.
 
+#[path = "../benches/common/affinity.rs"]
+mod affinity;
 use clap::builder::RangedU64ValueParser;
 use clap::{CommandFactory, FromArgMatches, Parser};
 use percpu_ref::percpu::arena_stats;
@@ -256,6 +258,12 @@ fn measure_memory(backend: Backend, refs: usize) -> Result<MemRow, String> {
     for _ in 0..refs {
         v.push(new().map_err(|e| e.to_string())?);
     }
+    // A ref in use is counted on by every CPU that runs its users: do one
+    // get + put on each ref from each CPU this process may run on, so that
+    // the counters' memory is resident as in use, not only reserved (the
+    // rseq arena maps chunks lazily, and a never-used CPU's page stays
+    // unbacked).
+    touch_on_every_cpu(&v);
     let rss_created = rss_bytes();
     let arena1 = arena_stats();
     let percpu_bytes = v.iter().map(PercpuRef::percpu_bytes).sum();
@@ -280,6 +288,24 @@ fn measure_memory(backend: Backend, refs: usize) -> Result<MemRow, String> {
         arena_chunks: delta(arena0.chunks, arena1.chunks),
         arena_bytes_again: delta(arena2.reserved_bytes, arena3.reserved_bytes),
     })
+}
+
+/// One get + put on every ref from each CPU this process may run on, the
+/// thread pinned to it (where pinning is supported; elsewhere from this
+/// thread only).
+fn touch_on_every_cpu(refs: &[PercpuRef]) {
+    let cpus = affinity::allowed_cpus();
+    std::thread::scope(|s| {
+        for &cpu in &cpus {
+            s.spawn(move || {
+                let _ = affinity::pin_to(cpu);
+                for r in refs {
+                    r.get();
+                    r.put();
+                }
+            });
+        }
+    });
 }
 
 fn delta(before: usize, after: usize) -> i64 {

@@ -17,12 +17,12 @@
 //!
 //! # Invariants
 //!
-//! - A slot is owned by at most one live [`Slot`] handle; it returns to the
-//!   free list only when that handle drops, and a reused slot is zeroed on
-//!   every CPU before it is handed out again.
-//! - Chunks are allocated lazily (zeroed, so untouched pages cost nothing
-//!   until used) and never freed: a pointer into the arena stays valid for
-//!   the life of the process.
+//! - A slot is owned by at most one live [`Slot`] handle; it returns to a
+//!   thread cache or the pool only when that handle drops, zeroed on every
+//!   CPU by the dropping thread, so every free slot is zero.
+//! - Chunks are mapped lazily with `mmap` (zero-filled, so a CPU's page
+//!   costs nothing until a counter on it is written) and never unmapped: a
+//!   pointer into the arena stays valid for the life of the process.
 //! - Every chunk has the same number of regions, [`arena_cpus`]: read once
 //!   from [`possible_cpus`] (never from the CPUs this process may run on)
 //!   and fixed for the life of the process. [`Slot::sum`] and [`Slot::zero`]
@@ -252,6 +252,33 @@ pub(crate) fn arena_cpus() -> usize {
     }
 }
 
+/// A new zeroed chunk, straight from the kernel: `mmap` returns
+/// page-aligned memory, which is all a chunk needs (`REGION` is one page),
+/// and costs nothing beyond the chunk's own pages. Through the global
+/// allocator a 4 KiB-aligned chunk cost up to one more page (`memalign`
+/// rounds up), 8 bytes per slot on a 2-CPU machine. Untouched pages stay
+/// unbacked until a CPU's counter on them is first written.
+fn map_chunk() -> NonNull<u8> {
+    let layout = chunk_layout();
+    // SAFETY: an anonymous private mapping of a non-zero length; no
+    // existing memory is affected.
+    let p = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            layout.size(),
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+            -1,
+            0,
+        )
+    };
+    if p == libc::MAP_FAILED {
+        alloc::handle_alloc_error(layout)
+    }
+    debug_assert_eq!(p as usize % REGION, 0, "mmap returns page-aligned memory");
+    NonNull::new(p.cast()).unwrap_or_else(|| alloc::handle_alloc_error(layout))
+}
+
 fn chunk_layout() -> Layout {
     let bytes = arena_cpus()
         .checked_mul(REGION)
@@ -290,13 +317,7 @@ impl Arena {
         self.free.truncate(start);
         let mut fresh = n - reused;
         if fresh > 0 && self.fresh_next == self.chunks.len() * SLOTS_PER_CHUNK {
-            let layout = chunk_layout();
-            // SAFETY: the layout has a non-zero size.
-            let p = unsafe { alloc::alloc_zeroed(layout) };
-            let Some(p) = NonNull::new(p) else {
-                alloc::handle_alloc_error(layout)
-            };
-            self.chunks.push(p);
+            self.chunks.push(map_chunk());
         }
         fresh = fresh.min(self.chunks.len() * SLOTS_PER_CHUNK - self.fresh_next);
         for i in self.fresh_next..self.fresh_next + fresh {
@@ -439,10 +460,15 @@ impl Slot {
         })
     }
 
-    /// Zeroes this slot in every region of its chunk.
+    /// Zeroes this slot in every region of its chunk. Writes only the
+    /// counters that are not zero: a region page no CPU ever counted on
+    /// stays unbacked (reading it maps the shared zero page).
     pub(crate) fn zero(&self) {
         for cpu in 0..arena_cpus() {
-            self.counter(cpu).store(0, Ordering::Relaxed);
+            let c = self.counter(cpu);
+            if c.load(Ordering::Relaxed) != 0 {
+                c.store(0, Ordering::Relaxed);
+            }
         }
     }
 }
