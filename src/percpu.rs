@@ -42,7 +42,7 @@
 //! The backend is chosen once per process ([`backend`]) and can be overridden
 //! per ref for comparisons ([`PercpuRef::with_backend`](crate::PercpuRef::with_backend)).
 
-#[cfg(percpu_ref_rseq)]
+#[cfg(not(loom))]
 mod arena;
 pub(crate) mod cpus;
 #[cfg(loom)]
@@ -61,12 +61,11 @@ pub use cpus::possible_cpus;
 #[doc(hidden)]
 pub use rseq_abi::force_fake_area_for_instruction_counting;
 
-/// Accounting of the per-CPU arena that holds the rseq backend's counters.
+/// Accounting of the per-CPU arena that holds every ref's counters.
 ///
-/// Every ref on the rseq backend owns one slot: 8 bytes in each possible
-/// CPU's region. See [`arena_stats`]. The type and the function exist on
-/// every target; where the rseq backend is not built (anything but `x86_64`
-/// Linux, and Miri) there is no arena and every field is 0.
+/// Every ref owns one slot: 8 bytes in each possible CPU's region (the rseq
+/// backend's per-CPU counters, or the sharded backend's shards). See
+/// [`arena_stats`].
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct ArenaStats {
@@ -81,36 +80,34 @@ pub struct ArenaStats {
     /// Bytes of all chunks (`chunks * possible_cpus * REGION`).
     pub reserved_bytes: usize,
     /// Bytes one slot costs: 8 per possible CPU (the number of regions in a
-    /// chunk); 0 where the arena is not built.
+    /// chunk).
     pub bytes_per_slot: usize,
 }
 
 /// The per-CPU arena's accounting, for the whole process.
 ///
-/// The slot counts are zero until a ref on the rseq backend is made. Where
-/// the rseq backend is not built (targets other than `x86_64` Linux, Miri)
-/// every field is 0: the sharded backend keeps its counters with each ref,
-/// and [`PercpuRef::percpu_bytes`](crate::PercpuRef::percpu_bytes) reports them.
+/// Both backends keep their counters in the arena: every ref owns one
+/// slot, 8 bytes per possible CPU. The slot counts are zero until a ref is
+/// made. (Only under loom, which models its own counters, is every field
+/// 0.)
 ///
 /// # Examples
 ///
 /// ```
 /// use percpu_ref::{percpu::arena_stats, Backend, InitFlags, PercpuRef};
 /// let s = arena_stats();
-/// // 8 bytes per possible CPU where the arena exists, 0 where it does not.
-/// assert!(s.bytes_per_slot == 0 || s.bytes_per_slot == 8 * percpu_ref::possible_cpus());
-/// if let Ok(r) = PercpuRef::with_backend(|_| {}, InitFlags::empty(), Backend::Rseq) {
-///     assert_eq!(r.percpu_bytes(), s.bytes_per_slot);
-///     assert!(arena_stats().live_slots >= 1);
-/// }
+/// assert_eq!(s.bytes_per_slot, 8 * percpu_ref::possible_cpus());
+/// let r = PercpuRef::with_backend(|_| {}, InitFlags::empty(), Backend::Sharded).unwrap();
+/// assert_eq!(r.percpu_bytes(), s.bytes_per_slot);
+/// assert!(arena_stats().live_slots >= 1);
 /// ```
 #[must_use]
 pub fn arena_stats() -> ArenaStats {
-    #[cfg(percpu_ref_rseq)]
+    #[cfg(not(loom))]
     {
         arena::stats()
     }
-    #[cfg(not(percpu_ref_rseq))]
+    #[cfg(loom)]
     {
         ArenaStats::default()
     }

@@ -196,17 +196,20 @@ fn arena() -> ArenaGuard {
 }
 
 /// Whether `pthread_atfork` accepted the handlers (at load time).
+#[cfg(all(unix, not(miri)))]
 static FORK_HANDLERS: AtomicBool = AtomicBool::new(false);
 
 /// Runs in the forking thread before the fork: waits until no other thread
 /// holds the lock and takes it. Two threads forking at once are serialised
 /// here (glibc does not hold its own lock while it runs the handlers).
+#[cfg(all(unix, not(miri)))]
 extern "C" fn before_fork() {
     ARENA.acquire();
 }
 
 /// Runs in the parent and in the child after the fork: releases the lock
 /// taken by [`before_fork`] (in the child, on behalf of its only thread).
+#[cfg(all(unix, not(miri)))]
 extern "C" fn after_fork() {
     ARENA.release();
 }
@@ -217,6 +220,7 @@ extern "C" fn after_fork() {
 /// can take the lock. Registering later, at first use, would leave a
 /// window: a fork that had already listed the handlers (without ours) could
 /// happen while another thread, just registered, holds the lock.
+#[cfg(all(unix, not(miri)))]
 extern "C" fn register_fork_handlers() {
     let (prepare, after): (unsafe extern "C" fn(), unsafe extern "C" fn()) =
         (before_fork, after_fork);
@@ -227,8 +231,10 @@ extern "C" fn register_fork_handlers() {
     FORK_HANDLERS.store(ok, Ordering::Relaxed);
 }
 
+#[cfg(all(unix, not(miri)))]
 #[used]
-#[link_section = ".init_array"]
+#[cfg_attr(target_vendor = "apple", link_section = "__DATA,__mod_init_func")]
+#[cfg_attr(not(target_vendor = "apple"), link_section = ".init_array")]
 static REGISTER_FORK_HANDLERS: extern "C" fn() = register_fork_handlers;
 
 /// The number of per-CPU regions in every chunk of the arena: CPU ids
@@ -258,6 +264,7 @@ pub(crate) fn arena_cpus() -> usize {
 /// allocator a 4 KiB-aligned chunk cost up to one more page (`memalign`
 /// rounds up), 8 bytes per slot on a 2-CPU machine. Untouched pages stay
 /// unbacked until a CPU's counter on them is first written.
+#[cfg(all(unix, not(miri)))]
 fn map_chunk() -> NonNull<u8> {
     let layout = chunk_layout();
     // SAFETY: an anonymous private mapping of a non-zero length; no
@@ -277,6 +284,16 @@ fn map_chunk() -> NonNull<u8> {
     }
     debug_assert_eq!(p as usize % REGION, 0, "mmap returns page-aligned memory");
     NonNull::new(p.cast()).unwrap_or_else(|| alloc::handle_alloc_error(layout))
+}
+
+/// A new zeroed chunk from the global allocator, where there is no `mmap`
+/// (Windows) or it is not modelled (Miri).
+#[cfg(not(all(unix, not(miri))))]
+fn map_chunk() -> NonNull<u8> {
+    let layout = chunk_layout();
+    // SAFETY: the layout has a non-zero size.
+    let p = unsafe { alloc::alloc_zeroed(layout) };
+    NonNull::new(p).unwrap_or_else(|| alloc::handle_alloc_error(layout))
 }
 
 fn chunk_layout() -> Layout {
@@ -430,30 +447,48 @@ impl Slot {
 
     /// The address of CPU 0's counter; the fast path adds `cpu << REGION_SHIFT`.
     #[inline(always)]
+    #[cfg_attr(
+        not(percpu_ref_rseq),
+        allow(
+            dead_code,
+            reason = "the rseq backend's; shards are reached through `counter`"
+        )
+    )]
     pub(crate) fn base(&self) -> *mut u8 {
         self.base.as_ptr()
     }
 
-    fn counter(&self, cpu: usize) -> &AtomicU64 {
+    /// This slot's counter in region `cpu` (`cpu < arena_cpus()`): the
+    /// rseq backend's counter of CPU `cpu`, or the sharded backend's shard.
+    #[inline(always)]
+    pub(crate) fn counter(&self, cpu: usize) -> &AtomicU64 {
         assert!(
             cpu < arena_cpus(),
             "percpu_ref: CPU {cpu} has no arena region"
         );
         // SAFETY: `cpu` indexes a region of this slot's chunk, the address
         // is 8-byte aligned, and arena memory lives for the whole process.
-        // Concurrent writers are only rseq sections on that CPU, which the
-        // callers exclude (after a grace period, or while the slot is not
-        // yet / no longer used by a ref).
+        // Other writers use atomics too (the sharded backend's RMWs) or are
+        // rseq sections on that CPU, which the callers exclude (after a
+        // grace period, or while the slot is not yet / no longer used by a
+        // ref).
         unsafe { AtomicU64::from_ptr(self.base.as_ptr().add(cpu * REGION).cast()) }
     }
 
     /// This slot's counter on `cpu` (`cpu < arena_cpus()`).
-    #[cfg(test)]
+    #[cfg(all(test, percpu_ref_rseq))]
     pub(crate) fn load(&self, cpu: usize) -> u64 {
         self.counter(cpu).load(Ordering::Relaxed)
     }
 
     /// The wrapping sum of this slot over every region of its chunk.
+    #[cfg_attr(
+        not(percpu_ref_rseq),
+        allow(
+            dead_code,
+            reason = "the rseq backend's; shards are reached through `counter`"
+        )
+    )]
     pub(crate) fn sum(&self) -> u64 {
         (0..arena_cpus()).fold(0u64, |s, cpu| {
             s.wrapping_add(self.counter(cpu).load(Ordering::Relaxed))
@@ -510,6 +545,7 @@ mod tests {
 
     /// The `.init_array` entry survived linking and registered the fork
     /// handlers before `main`.
+    #[cfg(all(unix, not(miri)))]
     #[test]
     fn fork_handlers_are_registered_at_load() {
         assert!(FORK_HANDLERS.load(Ordering::Relaxed));

@@ -1,9 +1,13 @@
-//! The portable backend: cache-padded atomic shards that the switcher seals.
+//! The portable backend: atomic shards that the switcher seals.
 //!
-//! Each ref owns `N` shards (`N` = possible CPUs rounded up to a power of
-//! two), each an `AtomicU64` on its own cache line. A thread always uses
-//! the shard given by its thread index, so in the common case a shard is
-//! touched by one thread and its cache line never moves.
+//! Each ref owns one shard per possible CPU, as an arena slot
+//! (`percpu/arena.rs`): shard `k` of every ref lives in region `k`, 8 bytes
+//! per shard, so a ref costs 8 bytes per possible CPU and shards of
+//! different indices never share a cache line. A thread always uses the
+//! shard given by its thread index (modulo the shard count), so in the
+//! common case a shard is touched by one thread and its cache line never
+//! moves. (Under loom, which cannot place its atomics in raw memory, the
+//! shards are a boxed slice; the protocol is the same code.)
 //!
 //! # Sealing instead of a grace period
 //!
@@ -41,9 +45,11 @@
 //!   Any `n` the API accepts therefore counts exactly, and a shard that a
 //!   long run pushed to the edge just sends its thread to the atomic path.
 
+#[cfg(not(loom))]
+use super::arena::{arena_cpus, Slot};
+#[cfg(loom)]
 use super::cpus::possible_cpus;
 use crate::sync::{AtomicU64, Ordering};
-use crossbeam_utils::CachePadded;
 
 /// The value a sealed shard holds (plus the drift of late adds).
 const SEALED: u64 = 1 << 62;
@@ -67,28 +73,65 @@ fn is_sealed(old: u64) -> bool {
 }
 
 pub(crate) struct Shards {
-    shards: Box<[CachePadded<AtomicU64>]>,
-    mask: usize,
+    /// Shard `k` is this slot's counter in region `k`.
+    #[cfg(not(loom))]
+    slot: Slot,
+    #[cfg(loom)]
+    shards: Box<[AtomicU64]>,
+}
+
+/// How many shards every ref has: one per arena region (possible CPU).
+#[inline(always)]
+fn shard_count() -> usize {
+    #[cfg(not(loom))]
+    {
+        arena_cpus()
+    }
+    #[cfg(loom)]
+    {
+        possible_cpus()
+    }
 }
 
 impl Shards {
     /// Shards at zero, or `sealed` for a ref that starts in atomic mode
     /// (no operation may count on them until a switch to percpu resets them).
     pub(crate) fn new(sealed: bool) -> Self {
-        let n = possible_cpus().next_power_of_two();
-        let v = if sealed { SEALED } else { 0 };
-        Shards {
-            shards: (0..n)
-                .map(|_| CachePadded::new(AtomicU64::new(v)))
-                .collect(),
-            mask: n - 1,
+        #[cfg(not(loom))]
+        let shards = Shards {
+            slot: Slot::alloc(),
+        };
+        #[cfg(loom)]
+        let shards = Shards {
+            shards: (0..shard_count()).map(|_| AtomicU64::new(0)).collect(),
+        };
+        if sealed {
+            for k in 0..shard_count() {
+                // Relaxed: the ref is not shared yet; whatever publishes it
+                // orders these stores before any use.
+                shards.at(k).store(SEALED, Ordering::Relaxed);
+            }
+        }
+        shards
+    }
+
+    /// Shard `k` (`k < shard_count()`).
+    #[inline(always)]
+    fn at(&self, k: usize) -> &AtomicU64 {
+        #[cfg(not(loom))]
+        {
+            self.slot.counter(k)
+        }
+        #[cfg(loom)]
+        {
+            &self.shards[k]
         }
     }
 
     /// This thread's shard.
     #[inline(always)]
     pub(crate) fn shard(&self) -> &AtomicU64 {
-        &self.shards[thread_index() & self.mask]
+        self.at(thread_shard())
     }
 
     #[cfg(all(test, not(loom)))]
@@ -97,7 +140,7 @@ impl Shards {
     }
 
     pub(crate) fn seal_and_sum(&self) -> u64 {
-        self.shards.iter().fold(0u64, |sum, s| {
+        (0..shard_count()).map(|k| self.at(k)).fold(0u64, |sum, s| {
             // ordering-audit: Acquire: the seal collects what per-CPU ops did
             // before their (releasing) adds. Nothing of the switcher's must reach
             // an op that finds the shard sealed: it goes to the atomic counter,
@@ -117,7 +160,7 @@ impl Shards {
     }
 
     pub(crate) fn reset(&self) {
-        for s in &self.shards {
+        for s in (0..shard_count()).map(|k| self.at(k)) {
             // A swap, not a store: a late add from the previous percpu period
             // may hit the shard now, and must be ordered wholly before or
             // after the reset. A store would be equally correct, but loom
@@ -129,8 +172,12 @@ impl Shards {
         }
     }
 
+    #[allow(
+        clippy::unused_self,
+        reason = "every backend's counters answer the same calls (`Counters` dispatches)"
+    )]
     pub(crate) fn storage_bytes(&self) -> usize {
-        std::mem::size_of_val(&*self.shards)
+        8 * shard_count()
     }
 }
 
@@ -161,10 +208,12 @@ pub(crate) fn try_add_at(shard: &AtomicU64, delta: u64) -> bool {
     counted
 }
 
-/// A small per-thread number used to pick a shard.
+/// This thread's shard index, below [`shard_count`]: threads take indices
+/// round-robin as they first count, so the first `shard_count()` threads
+/// each have a shard of their own.
 #[cfg(not(loom))]
 #[inline(always)]
-fn thread_index() -> usize {
+fn thread_shard() -> usize {
     use std::cell::Cell;
     use std::sync::atomic::AtomicUsize as StdAtomicUsize;
     static NEXT: StdAtomicUsize = StdAtomicUsize::new(0);
@@ -176,10 +225,17 @@ fn thread_index() -> usize {
         if v != usize::MAX {
             return v;
         }
-        let v = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        // The modulo once per thread, not per operation.
+        let v = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed) % shard_count();
         i.set(v);
         v
     })
+}
+
+#[cfg(loom)]
+#[inline(always)]
+fn thread_shard() -> usize {
+    thread_index() % shard_count()
 }
 
 /// Under loom the index must be the same in every execution: use the loom
