@@ -336,39 +336,30 @@ fn detect_backend() -> (Backend, Option<String>) {
 ///
 /// The rseq fast path needs two words of a ref and no branch on the
 /// backend: the mode word (whose low half is its CPU bound, see
-/// [`MODE_LIMIT`]) and `fast_base`, the kernel's `percpu_count_ptr`. Every
+/// [`MODE_LIMIT`]) and the slot's base, the kernel's `percpu_count_ptr`. Every
 /// other backend's mode word has a zero bound, so on those the section
 /// finds nothing to count and [`try_add_other`](Self::try_add_other) picks
 /// the backend. Where the rseq backend is not built, that is the whole
 /// fast path.
 pub(crate) struct Counters {
-    /// CPU 0's counter of the ref's arena slot on the rseq backend; a
-    /// dangling, never-written pointer on every other backend.
-    #[cfg(percpu_ref_rseq)]
-    fast_base: *mut u8,
+    /// The ref's arena slot: CPU `c`'s counter (rseq) or shard `c`
+    /// (sharded) is at `slot.base() + c * REGION`. On the rseq backend the
+    /// base is the kernel's `percpu_count_ptr`.
+    #[cfg(not(loom))]
+    slot: arena::Slot,
+    #[cfg(not(loom))]
+    backend: Backend,
+    /// Under loom the counters are loom objects (`percpu/model.rs`, or the
+    /// sharded protocol on a boxed slice).
+    #[cfg(loom)]
     kind: Kind,
 }
 
-// SAFETY: `fast_base` is a position in arena memory, which lives for the
-// whole process and is written only by rseq sections on the CPU it belongs
-// to (or by the switcher after a grace period); every other field is Send
-// and Sync by itself.
-#[cfg(percpu_ref_rseq)]
-unsafe impl Send for Counters {}
-// SAFETY: as above.
-#[cfg(percpu_ref_rseq)]
-unsafe impl Sync for Counters {}
-
-/// The backend-specific part.
-///
-/// An enum rather than a trait object: the match is one perfectly
-/// predicted branch, off the rseq path, and every variant inlines.
+/// Under loom, the backend-specific part.
+#[cfg(loom)]
 enum Kind {
-    #[cfg(percpu_ref_rseq)]
-    Rseq(rseq::RseqCounters),
     Sharded(sharded::Shards),
-    /// Under loom, the model of the rseq backend (`percpu/model.rs`).
-    #[cfg(loom)]
+    /// The model of the rseq backend.
     Model(model::ModelCpus),
 }
 
@@ -381,49 +372,64 @@ impl Counters {
         // have an area to arm in this process before any ref exists.
         #[cfg(percpu_ref_rseq)]
         let rseq_available = rseq_abi::available();
-        let kind = match backend {
-            Backend::Sharded => Kind::Sharded(sharded::Shards::new(atomic)),
-            #[cfg(loom)]
-            Backend::Rseq => Kind::Model(model::ModelCpus::new()),
-            #[cfg(percpu_ref_rseq)]
-            Backend::Rseq if rseq_available => Kind::Rseq(rseq::RseqCounters::new()),
-            #[cfg(not(loom))]
-            Backend::Rseq => unreachable!("rseq backend requested but not available"),
-        };
-        Counters {
-            #[cfg(percpu_ref_rseq)]
-            fast_base: match &kind {
-                Kind::Rseq(r) => r.base(),
-                #[cfg(loom)]
-                Kind::Model(_) => std::ptr::NonNull::dangling().as_ptr(),
-                Kind::Sharded(_) => std::ptr::NonNull::dangling().as_ptr(),
-            },
-            kind,
+        #[cfg(not(loom))]
+        {
+            match backend {
+                Backend::Sharded => {}
+                #[cfg(percpu_ref_rseq)]
+                Backend::Rseq if rseq_available => {}
+                Backend::Rseq => unreachable!("rseq backend requested but not available"),
+            }
+            let slot = arena::Slot::alloc();
+            if atomic && backend == Backend::Sharded {
+                sharded::seal_fresh(&slot);
+            }
+            Counters { slot, backend }
+        }
+        #[cfg(loom)]
+        {
+            let kind = match backend {
+                Backend::Sharded => {
+                    let s = sharded::Shards::new();
+                    if atomic {
+                        sharded::seal_fresh(&s);
+                    }
+                    Kind::Sharded(s)
+                }
+                Backend::Rseq => Kind::Model(model::ModelCpus::new()),
+            };
+            Counters { kind }
         }
     }
 
     /// The backend these counters live on.
     pub(crate) fn backend(&self) -> Backend {
+        #[cfg(not(loom))]
+        {
+            self.backend
+        }
+        #[cfg(loom)]
         match self.kind {
-            #[cfg(percpu_ref_rseq)]
-            Kind::Rseq(_) => Backend::Rseq,
             Kind::Sharded(_) => Backend::Sharded,
-            #[cfg(loom)]
             Kind::Model(_) => Backend::Rseq,
         }
     }
 
     /// The mode word of this ref in percpu mode: the CPU bound of the rseq
     /// section ([`MODE_LIMIT`]) on the rseq backend, 0 on the others.
+    #[cfg_attr(
+        not(percpu_ref_rseq),
+        allow(clippy::unused_self, reason = "only the rseq backend has a bound")
+    )]
     pub(crate) fn percpu_mode(&self) -> usize {
-        match self.kind {
-            // The arena's region count, at most i32::MAX: every CPU below it
-            // has a counter in the slot's chunk, and every negative `cpu_id`
-            // (an unregistered thread), read as unsigned, is above it.
-            #[cfg(percpu_ref_rseq)]
-            Kind::Rseq(_) => arena::arena_cpus(),
-            _ => 0,
+        // The arena's region count, at most i32::MAX: every CPU below it
+        // has a counter in the slot's chunk, and every negative `cpu_id`
+        // (an unregistered thread), read as unsigned, is above it.
+        #[cfg(percpu_ref_rseq)]
+        if self.backend == Backend::Rseq {
+            return arena::arena_cpus();
         }
+        0
     }
 
     /// Adds `delta` (wrapping) to this CPU's counter if `mode` is percpu.
@@ -454,9 +460,9 @@ impl Counters {
     pub(crate) unsafe fn try_add_raw(this: *const Self, mode: &AtomicUsize, delta: u64) -> bool {
         #[cfg(percpu_ref_rseq)]
         {
-            // SAFETY: `this` is live (the caller's contract); a plain copy
-            // of the field, no reference to the counters is formed.
-            let base = unsafe { (*this).fast_base };
+            // SAFETY: `this` is live (the caller's contract); the borrow of
+            // the slot ends with this statement, before the add.
+            let base = unsafe { (*this).slot.base() };
             if rseq::try_add_at(base, mode, delta) {
                 return true;
             }
@@ -476,12 +482,19 @@ impl Counters {
     unsafe fn try_add_other(this: *const Self, mode: &AtomicUsize, delta: u64) -> bool {
         // SAFETY: the caller's reference keeps `*this` alive; this borrow
         // ends before the add, which goes through an atomic.
+        #[cfg(not(loom))]
+        let shard: *const crate::sync::AtomicU64 = match unsafe { &*this } {
+            Counters {
+                backend: Backend::Sharded,
+                slot,
+            } => sharded::shard(slot),
+            _ => return false,
+        };
+        // SAFETY: as above.
+        #[cfg(loom)]
         let shard: *const crate::sync::AtomicU64 = match unsafe { &(*this).kind } {
-            #[cfg(percpu_ref_rseq)]
-            Kind::Rseq(_) => return false,
-            Kind::Sharded(s) => s.shard(),
+            Kind::Sharded(s) => sharded::shard(s),
             // Not run under Miri: the borrow may last across the add.
-            #[cfg(loom)]
             Kind::Model(m) => return m.try_add(mode, delta),
         };
         // SAFETY: the caller keeps the shard alive up to the add.
@@ -498,33 +511,50 @@ impl Counters {
         )
     )]
     pub(crate) fn seal_and_sum(&self) -> std::io::Result<u64> {
-        match &self.kind {
+        #[cfg(not(loom))]
+        match self.backend {
             #[cfg(percpu_ref_rseq)]
-            Kind::Rseq(r) => r.seal_and_sum(),
-            Kind::Sharded(s) => Ok(s.seal_and_sum()),
-            #[cfg(loom)]
+            Backend::Rseq => rseq::seal_and_sum(&self.slot),
+            _ => Ok(sharded::seal_and_sum(&self.slot)),
+        }
+        #[cfg(loom)]
+        match &self.kind {
+            Kind::Sharded(s) => Ok(sharded::seal_and_sum(s)),
             Kind::Model(s) => Ok(s.seal_and_sum()),
         }
     }
 
     /// Zeroes every counter (mode is atomic and sealed, lock held).
     pub(crate) fn reset(&self) {
+        #[cfg(not(loom))]
+        match self.backend {
+            // After the grace period nothing writes the slot: plain zeroes.
+            Backend::Rseq => self.slot.zero(),
+            Backend::Sharded => sharded::reset(&self.slot),
+        }
+        #[cfg(loom)]
         match &self.kind {
-            #[cfg(percpu_ref_rseq)]
-            Kind::Rseq(r) => r.reset(),
-            Kind::Sharded(s) => s.reset(),
-            #[cfg(loom)]
+            Kind::Sharded(s) => sharded::reset(s),
             Kind::Model(s) => s.reset(),
         }
     }
 
     /// Bytes of per-CPU storage this ref owns (for accounting and docs).
+    #[cfg_attr(
+        not(loom),
+        allow(
+            clippy::unused_self,
+            reason = "every ref's slot is the same size; under loom it depends on the backend"
+        )
+    )]
     pub(crate) fn storage_bytes(&self) -> usize {
+        #[cfg(not(loom))]
+        {
+            8 * arena::arena_cpus()
+        }
+        #[cfg(loom)]
         match &self.kind {
-            #[cfg(percpu_ref_rseq)]
-            Kind::Rseq(r) => r.storage_bytes(),
-            Kind::Sharded(s) => s.storage_bytes(),
-            #[cfg(loom)]
+            Kind::Sharded(_) => 8 * sharded::shard_count(),
             Kind::Model(s) => s.storage_bytes(),
         }
     }

@@ -458,6 +458,21 @@ impl Slot {
         self.base.as_ptr()
     }
 
+    /// [`counter`](Self::counter) without the bound check, for the
+    /// sharded backend's hot path, whose shard index is below
+    /// `arena_cpus()` by construction.
+    ///
+    /// # Safety
+    ///
+    /// `cpu < arena_cpus()`.
+    #[inline(always)]
+    pub(crate) unsafe fn counter_unchecked(&self, cpu: usize) -> &AtomicU64 {
+        debug_assert!(cpu < arena_cpus());
+        // SAFETY: `cpu` indexes a region of this slot's chunk (the
+        // caller's promise); otherwise as in `counter`.
+        unsafe { AtomicU64::from_ptr(self.base.as_ptr().add(cpu * REGION).cast()) }
+    }
+
     /// This slot's counter in region `cpu` (`cpu < arena_cpus()`): the
     /// rseq backend's counter of CPU `cpu`, or the sharded backend's shard.
     #[inline(always)]

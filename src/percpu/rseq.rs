@@ -80,49 +80,22 @@
 //! committed, and its add visible to the switcher's sum, or aborted and
 //! retried, in which case it loads the new one and is not counted. After
 //! the grace period nothing writes the slot until the mode goes back to
-//! percpu, which first zeroes it ([`reset`](RseqCounters::reset)) and then
+//! percpu, which first zeroes it (`Counters::reset`) and then
 //! stores the bound with a release store; x86's loads are acquire loads,
 //! so a section that sees the bound sees the zeroes.
 
-use super::arena::{self, Slot, REGION_SHIFT};
+#[cfg(any(test, doc))]
+use super::arena;
+use super::arena::{Slot, REGION_SHIFT};
 use super::rseq_abi::{self, CPU_ID_OFFSET, RSEQ_CS_OFFSET};
 use crate::sync::AtomicUsize;
 use std::arch::asm;
 
-pub(crate) struct RseqCounters {
-    slot: Slot,
-}
-
-impl RseqCounters {
-    pub(crate) fn new() -> Self {
-        debug_assert!(rseq_abi::available());
-        RseqCounters {
-            slot: Slot::alloc(),
-        }
-    }
-
-    /// The slot's CPU-0 counter, for [`try_add_at`].
-    #[inline(always)]
-    pub(crate) fn base(&self) -> *mut u8 {
-        self.slot.base()
-    }
-
-    pub(crate) fn seal_and_sum(&self) -> std::io::Result<u64> {
-        rseq_abi::grace_period()?;
-        Ok(self.slot.sum())
-    }
-
-    pub(crate) fn reset(&self) {
-        self.slot.zero();
-    }
-
-    #[allow(
-        clippy::unused_self,
-        reason = "every backend's counters answer the same calls (`Counters` dispatches)"
-    )]
-    pub(crate) fn storage_bytes(&self) -> usize {
-        8 * arena::arena_cpus()
-    }
+/// Waits until no section can count on `slot` any more (the grace period)
+/// and returns its sum. On an error nothing was sealed.
+pub(crate) fn seal_and_sum(slot: &Slot) -> std::io::Result<u64> {
+    rseq_abi::grace_period()?;
+    Ok(slot.sum())
 }
 
 /// What one run of the section did.
@@ -138,7 +111,7 @@ enum Section {
 
 /// Adds `delta` to this CPU's counter of the slot at `base` if the bound in
 /// `mode` admits this CPU (the backend's `try_add`). Takes the slot's
-/// address rather than `&RseqCounters`, so that no borrow of the ref is
+/// address rather than `&Slot`, so that no borrow of the ref is
 /// live while the add commits (see `Counters::try_add_raw`); arena memory
 /// itself is never freed. `base` may be anything when the bound is 0.
 #[inline(always)]
@@ -169,7 +142,7 @@ fn retry_after_abort(base: *mut u8, mode: &AtomicUsize, delta: u64) -> bool {
 /// CPU at `base + (cpu_id << REGION_SHIFT)` if `cpu_id` is below the bound
 /// in the low 32 bits of `mode`.
 ///
-/// The bound is either 0 or at most [`arena::arena_cpus`] (the regions
+/// The bound is either 0 or at most `arena::arena_cpus()` (the regions
 /// the slot's chunk has) and at most `i32::MAX`: `Counters::percpu_mode`
 /// is the only non-zero value a mode word holds.
 #[inline(always)]
@@ -270,7 +243,7 @@ mod tests {
     }
 
     /// Runs the section until the kernel does not abort it.
-    fn section_once(c: &RseqCounters, mode: &AtomicUsize, delta: u64) -> Section {
+    fn section_once(c: &Slot, mode: &AtomicUsize, delta: u64) -> Section {
         loop {
             let r = section(c.base(), mode, delta);
             if r != Section::Aborted {
@@ -297,7 +270,7 @@ mod tests {
         }
         std::thread::spawn(|| {
             pin_to(1);
-            let c = RseqCounters::new();
+            let c = Slot::alloc();
             // Bound 1: CPU 1 has no region.
             let bound_1 = AtomicUsize::new(1);
             for _ in 0..10_000 {
@@ -306,7 +279,7 @@ mod tests {
                 assert!(!try_add_at(c.base(), &bound_1, 1));
             }
             for cpu in 0..arena::arena_cpus() {
-                assert_eq!(c.slot.load(cpu), 0, "region of CPU {cpu} was written");
+                assert_eq!(c.load(cpu), 0, "region of CPU {cpu} was written");
             }
             // Bound 0 (atomic mode, or another backend): nothing counts.
             let bound_0 = AtomicUsize::new(0);
@@ -314,15 +287,15 @@ mod tests {
             // The mode word of a percpu ref: CPU 1 counts in its region.
             let percpu = AtomicUsize::new(arena::arena_cpus());
             assert_eq!(section_once(&c, &percpu, 5), Section::Counted);
-            assert_eq!(c.slot.load(1), 5);
-            assert_eq!(c.slot.load(0), 0);
+            assert_eq!(c.load(1), 5);
+            assert_eq!(c.load(0), 0);
             // Atomic mode: the flag sits above the bound, which is 0.
             let atomic = AtomicUsize::new(super::super::MODE_ATOMIC | super::super::MODE_DEAD);
             assert_eq!(section_once(&c, &atomic, 1), Section::NotCounted);
             // Only the low half is the bound: a flag above it is not one.
             let flags_only = AtomicUsize::new(super::super::MODE_ATOMIC | 1);
             assert_eq!(section_once(&c, &flags_only, 1), Section::NotCounted);
-            assert_eq!(c.seal_and_sum().unwrap(), 5);
+            assert_eq!(seal_and_sum(&c).unwrap(), 5);
         })
         .join()
         .unwrap();
@@ -362,7 +335,7 @@ mod tests {
                         0
                     );
                 }
-                let c = RseqCounters::new();
+                let c = Slot::alloc();
                 let percpu = AtomicUsize::new(arena::arena_cpus());
                 for _ in 0..1000 {
                     assert!(
@@ -375,7 +348,7 @@ mod tests {
                     !try_add_at(c.base(), &atomic, 1),
                     "counted in atomic mode on CPU {cpu}"
                 );
-                assert_eq!(c.seal_and_sum().unwrap(), 1000);
+                assert_eq!(seal_and_sum(&c).unwrap(), 1000);
             })
             .join()
             .unwrap();

@@ -20,7 +20,7 @@
 //! - an add ordered after it returned a sealed value: it did not count, and
 //!   the caller takes the atomic path. The sealed shard drifts by that
 //!   delta, which is harmless: it is never summed again, and
-//!   [`reset`](Shards::reset) overwrites it before the next percpu period.
+//!   [`reset`] overwrites it before the next percpu period.
 //!
 //! Because each shard's operations are totally ordered RMWs, no in-flight
 //! tracking and no grace period are needed, and loom checks this backend
@@ -72,17 +72,59 @@ fn is_sealed(old: u64) -> bool {
     old.wrapping_add(LIVE_LIMIT) >= 2 * LIVE_LIMIT
 }
 
-pub(crate) struct Shards {
-    /// Shard `k` is this slot's counter in region `k`.
-    #[cfg(not(loom))]
-    slot: Slot,
-    #[cfg(loom)]
-    shards: Box<[AtomicU64]>,
+/// Where one ref's shards live. On real builds an arena slot (shard `k` is
+/// its counter in region `k`); under loom, which cannot place its atomics
+/// in raw memory, a boxed slice. The protocol below is the same code for
+/// both.
+pub(crate) trait ShardStore {
+    /// Shard `k` (`k < shard_count()`).
+    fn at(&self, k: usize) -> &AtomicU64;
+
+    /// This thread's shard: [`at`](Self::at) without re-checking an index
+    /// that is in range by construction.
+    fn this_threads(&self) -> &AtomicU64;
+}
+
+#[cfg(not(loom))]
+impl ShardStore for Slot {
+    #[inline(always)]
+    fn at(&self, k: usize) -> &AtomicU64 {
+        self.counter(k)
+    }
+
+    #[inline(always)]
+    fn this_threads(&self) -> &AtomicU64 {
+        // SAFETY: `thread_shard` is taken modulo `shard_count()`, which is
+        // `arena_cpus()`, fixed for the life of the process.
+        unsafe { self.counter_unchecked(thread_shard()) }
+    }
+}
+
+/// Under loom: the shards of one ref.
+#[cfg(loom)]
+pub(crate) struct Shards(Box<[AtomicU64]>);
+
+#[cfg(loom)]
+impl Shards {
+    pub(crate) fn new() -> Shards {
+        Shards((0..shard_count()).map(|_| AtomicU64::new(0)).collect())
+    }
+}
+
+#[cfg(loom)]
+impl ShardStore for Shards {
+    fn at(&self, k: usize) -> &AtomicU64 {
+        &self.0[k]
+    }
+
+    fn this_threads(&self) -> &AtomicU64 {
+        self.at(thread_shard())
+    }
 }
 
 /// How many shards every ref has: one per arena region (possible CPU).
 #[inline(always)]
-fn shard_count() -> usize {
+pub(crate) fn shard_count() -> usize {
     #[cfg(not(loom))]
     {
         arena_cpus()
@@ -93,54 +135,27 @@ fn shard_count() -> usize {
     }
 }
 
-impl Shards {
-    /// Shards at zero, or `sealed` for a ref that starts in atomic mode
-    /// (no operation may count on them until a switch to percpu resets them).
-    pub(crate) fn new(sealed: bool) -> Self {
-        #[cfg(not(loom))]
-        let shards = Shards {
-            slot: Slot::alloc(),
-        };
-        #[cfg(loom)]
-        let shards = Shards {
-            shards: (0..shard_count()).map(|_| AtomicU64::new(0)).collect(),
-        };
-        if sealed {
-            for k in 0..shard_count() {
-                // Relaxed: the ref is not shared yet; whatever publishes it
-                // orders these stores before any use.
-                shards.at(k).store(SEALED, Ordering::Relaxed);
-            }
-        }
-        shards
+/// Seals fresh (zero) shards, for a ref that starts in atomic mode: no
+/// operation may count on them until a switch to percpu resets them.
+pub(crate) fn seal_fresh(s: &impl ShardStore) {
+    for k in 0..shard_count() {
+        // Relaxed: the ref is not shared yet; whatever publishes it
+        // orders these stores before any use.
+        s.at(k).store(SEALED, Ordering::Relaxed);
     }
+}
 
-    /// Shard `k` (`k < shard_count()`).
-    #[inline(always)]
-    fn at(&self, k: usize) -> &AtomicU64 {
-        #[cfg(not(loom))]
-        {
-            self.slot.counter(k)
-        }
-        #[cfg(loom)]
-        {
-            &self.shards[k]
-        }
-    }
+/// This thread's shard.
+#[inline(always)]
+pub(crate) fn shard(s: &impl ShardStore) -> &AtomicU64 {
+    s.this_threads()
+}
 
-    /// This thread's shard.
-    #[inline(always)]
-    pub(crate) fn shard(&self) -> &AtomicU64 {
-        self.at(thread_shard())
-    }
-
-    #[cfg(all(test, not(loom)))]
-    fn try_add(&self, _mode: &crate::sync::AtomicUsize, delta: u64) -> bool {
-        try_add_at(self.shard(), delta)
-    }
-
-    pub(crate) fn seal_and_sum(&self) -> u64 {
-        (0..shard_count()).map(|k| self.at(k)).fold(0u64, |sum, s| {
+/// Seals every shard and returns their sum (see the module docs).
+pub(crate) fn seal_and_sum(store: &impl ShardStore) -> u64 {
+    (0..shard_count())
+        .map(|k| store.at(k))
+        .fold(0u64, |sum, s| {
             // ordering-audit: Acquire: the seal collects what per-CPU ops did
             // before their (releasing) adds. Nothing of the switcher's must reach
             // an op that finds the shard sealed: it goes to the atomic counter,
@@ -157,27 +172,19 @@ impl Shards {
             debug_assert!(!is_sealed(v), "percpu_ref: shard sealed twice");
             sum.wrapping_add(v)
         })
-    }
+}
 
-    pub(crate) fn reset(&self) {
-        for s in (0..shard_count()).map(|k| self.at(k)) {
-            // A swap, not a store: a late add from the previous percpu period
-            // may hit the shard now, and must be ordered wholly before or
-            // after the reset. A store would be equally correct, but loom
-            // lets a plain store land between the read and the write of a
-            // concurrent RMW (tokio-rs/loom#254) and then reports a shard
-            // sealed twice; with a swap loom checks exactly the shipped code.
-            // Reset runs once per switch to percpu mode, so the cost is nil.
-            s.swap(0, Ordering::Release);
-        }
-    }
-
-    #[allow(
-        clippy::unused_self,
-        reason = "every backend's counters answer the same calls (`Counters` dispatches)"
-    )]
-    pub(crate) fn storage_bytes(&self) -> usize {
-        8 * shard_count()
+/// Zeroes every shard (the ref is atomic and sealed, the switch lock held).
+pub(crate) fn reset(store: &impl ShardStore) {
+    for s in (0..shard_count()).map(|k| store.at(k)) {
+        // A swap, not a store: a late add from the previous percpu period
+        // may hit the shard now, and must be ordered wholly before or
+        // after the reset. A store would be equally correct, but loom
+        // lets a plain store land between the read and the write of a
+        // concurrent RMW (tokio-rs/loom#254) and then reports a shard
+        // sealed twice; with a swap loom checks exactly the shipped code.
+        // Reset runs once per switch to percpu mode, so the cost is nil.
+        s.swap(0, Ordering::Release);
     }
 }
 
@@ -255,6 +262,10 @@ mod tests {
     use crate::percpu::MODE_ATOMIC;
     use crate::sync::AtomicUsize;
 
+    fn try_add(s: &Slot, _mode: &AtomicUsize, delta: u64) -> bool {
+        try_add_at(shard(s), delta)
+    }
+
     #[test]
     fn sealed_classification() {
         for live in [
@@ -301,33 +312,33 @@ mod tests {
     #[test]
     fn a_shard_at_the_edge_sends_its_thread_to_the_atomic_path() {
         let mode = AtomicUsize::new(0);
-        let s = Shards::new(false);
+        let s = Slot::alloc();
         // Push this thread's shard to the edge, 2^16 at a time would take
         // too long: set it directly, as 2^44 maximal adds would.
-        s.shard().store(COMFORT - 1, Ordering::Relaxed);
-        assert!(s.try_add(&mode, 1), "still room");
-        assert!(!s.try_add(&mode, 1), "at the edge: atomic path");
-        assert_eq!(s.seal_and_sum(), COMFORT);
+        shard(&s).store(COMFORT - 1, Ordering::Relaxed);
+        assert!(try_add(&s, &mode, 1), "still room");
+        assert!(!try_add(&s, &mode, 1), "at the edge: atomic path");
+        assert_eq!(seal_and_sum(&s), COMFORT);
     }
 
     #[test]
     fn late_add_after_seal_is_not_counted() {
         let mode = AtomicUsize::new(0);
-        let s = Shards::new(false);
-        assert!(s.try_add(&mode, 5));
-        assert!(s.try_add(&mode, 2u64.wrapping_neg()));
+        let s = Slot::alloc();
+        assert!(try_add(&s, &mode, 5));
+        assert!(try_add(&s, &mode, 2u64.wrapping_neg()));
         // The switcher sealed: the filter (or, for an op that passed it
         // before the seal, the returned old value) refuses the add.
-        assert_eq!(s.seal_and_sum(), 3);
+        assert_eq!(seal_and_sum(&s), 3);
         assert!(
-            !s.try_add(&mode, 1),
+            !try_add(&s, &mode, 1),
             "a late add on a sealed shard must not count"
         );
         mode.store(MODE_ATOMIC, Ordering::Relaxed);
-        assert!(!s.try_add(&mode, 1));
-        s.reset();
+        assert!(!try_add(&s, &mode, 1));
+        reset(&s);
         mode.store(0, Ordering::Relaxed);
-        assert!(s.try_add(&mode, 7));
-        assert_eq!(s.seal_and_sum(), 7);
+        assert!(try_add(&s, &mode, 7));
+        assert_eq!(seal_and_sum(&s), 7);
     }
 }
