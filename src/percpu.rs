@@ -180,8 +180,9 @@ pub enum Backend {
     /// Restartable-sequence per-CPU counters with a `membarrier` grace
     /// period: no atomic instruction on the fast path (Linux only).
     Rseq,
-    /// Cache-padded atomic shards indexed per thread, sealed by the
-    /// switcher: one uncontended `lock xadd` on the fast path. Portable.
+    /// Atomic shards, one per possible CPU in the per-CPU arena, indexed
+    /// per thread and sealed by the switcher: one uncontended `lock xadd`
+    /// on the fast path. Portable.
     Sharded,
 }
 
@@ -345,10 +346,9 @@ pub(crate) struct Counters {
     /// The ref's arena slot: CPU `c`'s counter (rseq) or shard `c`
     /// (sharded) is at `slot.base() + c * REGION`. On the rseq backend the
     /// base is the kernel's `percpu_count_ptr`.
+    /// Its tag is the backend ([`Backend`] as `u8`).
     #[cfg(not(loom))]
     slot: arena::Slot,
-    #[cfg(not(loom))]
-    backend: Backend,
     /// Under loom the counters are loom objects (`percpu/model.rs`, or the
     /// sharded protocol on a boxed slice).
     #[cfg(loom)]
@@ -380,11 +380,11 @@ impl Counters {
                 Backend::Rseq if rseq_available => {}
                 Backend::Rseq => unreachable!("rseq backend requested but not available"),
             }
-            let slot = arena::Slot::alloc();
+            let slot = arena::Slot::alloc_tagged(backend as u8);
             if atomic && backend == Backend::Sharded {
                 sharded::seal_fresh(&slot);
             }
-            Counters { slot, backend }
+            Counters { slot }
         }
         #[cfg(loom)]
         {
@@ -406,7 +406,11 @@ impl Counters {
     pub(crate) fn backend(&self) -> Backend {
         #[cfg(not(loom))]
         {
-            self.backend
+            if self.slot.tag() == Backend::Rseq as u8 {
+                Backend::Rseq
+            } else {
+                Backend::Sharded
+            }
         }
         #[cfg(loom)]
         match self.kind {
@@ -426,7 +430,7 @@ impl Counters {
         // has a counter in the slot's chunk, and every negative `cpu_id`
         // (an unregistered thread), read as unsigned, is above it.
         #[cfg(percpu_ref_rseq)]
-        if self.backend == Backend::Rseq {
+        if self.backend() == Backend::Rseq {
             return arena::arena_cpus();
         }
         0
@@ -480,15 +484,15 @@ impl Counters {
     #[inline(always)]
     #[cfg_attr(not(loom), allow(unused_variables))] // `mode`: only the model reads it
     unsafe fn try_add_other(this: *const Self, mode: &AtomicUsize, delta: u64) -> bool {
-        // SAFETY: the caller's reference keeps `*this` alive; this borrow
-        // ends before the add, which goes through an atomic.
         #[cfg(not(loom))]
-        let shard: *const crate::sync::AtomicU64 = match unsafe { &*this } {
-            Counters {
-                backend: Backend::Sharded,
-                slot,
-            } => sharded::shard(slot),
-            _ => return false,
+        let shard: *const crate::sync::AtomicU64 = {
+            // SAFETY: the caller's reference keeps `*this` alive; this
+            // borrow ends before the add, which goes through an atomic.
+            let slot = unsafe { &(*this).slot };
+            if slot.tag() != Backend::Sharded as u8 {
+                return false;
+            }
+            sharded::shard(slot)
         };
         // SAFETY: as above.
         #[cfg(loom)]
@@ -512,7 +516,7 @@ impl Counters {
     )]
     pub(crate) fn seal_and_sum(&self) -> std::io::Result<u64> {
         #[cfg(not(loom))]
-        match self.backend {
+        match self.backend() {
             #[cfg(percpu_ref_rseq)]
             Backend::Rseq => rseq::seal_and_sum(&self.slot),
             _ => Ok(sharded::seal_and_sum(&self.slot)),
@@ -527,7 +531,7 @@ impl Counters {
     /// Zeroes every counter (mode is atomic and sealed, lock held).
     pub(crate) fn reset(&self) {
         #[cfg(not(loom))]
-        match self.backend {
+        match self.backend() {
             // After the grace period nothing writes the slot: plain zeroes.
             Backend::Rseq => self.slot.zero(),
             Backend::Sharded => sharded::reset(&self.slot),

@@ -309,6 +309,9 @@ pub(crate) struct Slot {
     /// bytes further.
     base: NonNull<u8>,
     index: u32,
+    /// Eight bits for the owner (the backend), kept in what would be
+    /// padding so that a ref's counters stay two words.
+    tag: u8,
 }
 
 // SAFETY: a slot is only a position in arena memory that lives for the
@@ -429,7 +432,13 @@ impl Slot {
     /// Takes a free slot, zeroed on every CPU: from this thread's cache,
     /// or from the pool when the cache cannot be used (the thread is
     /// exiting, or the cache is re-entered).
+    #[cfg(test)]
     pub(crate) fn alloc() -> Slot {
+        Self::alloc_tagged(0)
+    }
+
+    /// [`alloc`](Self::alloc), with the owner's `tag` (see [`tag`](Self::tag)).
+    pub(crate) fn alloc_tagged(tag: u8) -> Slot {
         let free = CACHE
             .try_with(Cache::pop)
             .ok()
@@ -442,6 +451,7 @@ impl Slot {
         Slot {
             base: free.base,
             index: free.index,
+            tag,
         }
     }
 
@@ -456,6 +466,12 @@ impl Slot {
     )]
     pub(crate) fn base(&self) -> *mut u8 {
         self.base.as_ptr()
+    }
+
+    /// The tag given at [`alloc_tagged`](Self::alloc_tagged).
+    #[inline(always)]
+    pub(crate) fn tag(&self) -> u8 {
+        self.tag
     }
 
     /// [`counter`](Self::counter) without the bound check, for the
