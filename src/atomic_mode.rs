@@ -81,7 +81,7 @@ pub(crate) enum PutOutcome {
 }
 
 /// What the fold found (the value includes the switch's temporary reference).
-#[derive(Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Fold {
     /// A true count in `1..=MAX_COUNT`.
     Exact,

@@ -283,6 +283,7 @@ mod atomic_mode;
 #[cfg_attr(docsrs, doc(cfg(feature = "css")))]
 pub mod css;
 mod flags;
+mod grace;
 pub mod owned;
 pub mod percpu;
 mod percpu_ref;
@@ -292,6 +293,24 @@ mod sync;
 mod readme_doctests;
 
 pub use flags::{Error, InitFlags};
+pub use grace::flush;
 pub use owned::{FreezeTimeout, Frozen, Killed, Owner, Ref, Weak};
 pub use percpu::{backend, possible_cpus, Backend};
 pub use percpu_ref::PercpuRef;
+
+/// Under loom only: drives the grace-period engine from a model's thread
+/// (there is no background thread under loom).
+#[cfg(loom)]
+#[doc(hidden)]
+pub mod __loom_engine {
+    /// Takes the queue as one batch, runs its grace period and completes
+    /// it, as the engine thread does; false when the queue was empty.
+    /// Steps run one at a time.
+    #[allow(
+        clippy::must_use_candidate,
+        reason = "models call it for its effect and may ignore the result"
+    )]
+    pub fn step() -> bool {
+        crate::grace::loom_step()
+    }
+}

@@ -139,6 +139,61 @@ pub fn rseq_aborts() -> u64 {
     }
 }
 
+/// How many grace periods (`membarrier(MEMBARRIER_CMD_PRIVATE_EXPEDITED_RSEQ)`
+/// system calls, each an interrupt to every CPU that runs a thread of this
+/// process) the rseq backend has issued since the process started.
+///
+/// Every switch to atomic mode on the rseq backend needs one, but they are
+/// shared: one grace period completes every deferred switch of a batch
+/// ([`PercpuRef::kill_deferred`](crate::PercpuRef::kill_deferred)) and
+/// every synchronous switch waiting for it (see the `grace` module docs).
+/// A diagnostic for benchmarks and tests; always 0 where the rseq backend
+/// is not built or not used.
+///
+/// # Examples
+///
+/// ```
+/// use percpu_ref::{percpu::grace_periods, Backend, InitFlags, PercpuRef};
+/// let before = grace_periods();
+/// let r = PercpuRef::with_backend(|_| {}, InitFlags::empty(), Backend::Sharded).unwrap();
+/// r.kill().unwrap(); // the sharded backend seals the ref itself
+/// assert_eq!(grace_periods(), before);
+/// ```
+#[must_use]
+pub fn grace_periods() -> u64 {
+    #[cfg(percpu_ref_rseq)]
+    {
+        rseq_abi::grace_periods()
+    }
+    #[cfg(not(percpu_ref_rseq))]
+    {
+        0
+    }
+}
+
+/// The process-wide grace period of the backends that need one: on return,
+/// every rseq section of every ref that read a percpu mode before this call
+/// started has committed (and is visible here) or will restart and see the
+/// new mode. Nothing on the sharded backend.
+///
+/// # Errors
+///
+/// The kernel refused the `membarrier`: nothing was waited for.
+#[cfg_attr(
+    not(percpu_ref_rseq),
+    allow(
+        clippy::unnecessary_wraps,
+        reason = "only the rseq backend's grace period (membarrier) can fail"
+    )
+)]
+pub(crate) fn grace_period() -> std::io::Result<()> {
+    #[cfg(loom)]
+    model::grace_period();
+    #[cfg(percpu_ref_rseq)]
+    rseq_abi::grace_period()?;
+    Ok(())
+}
+
 /// Where the mode word's flags start: above the CPU bound ([`MODE_LIMIT`])
 /// where the rseq backend is built, at bit 0 elsewhere.
 const FLAG_SHIFT: u32 = if cfg!(percpu_ref_rseq) { 32 } else { 0 };
@@ -146,6 +201,12 @@ const FLAG_SHIFT: u32 = if cfg!(percpu_ref_rseq) { 32 } else { 0 };
 pub(crate) const MODE_ATOMIC: usize = 1 << FLAG_SHIFT;
 /// Mode bit: the ref was killed (always set together with `MODE_ATOMIC`).
 pub(crate) const MODE_DEAD: usize = 2 << FLAG_SHIFT;
+/// Mode bit: a deferred switch to atomic mode of this ref is queued or being
+/// completed by the grace-period engine (`src/grace.rs`). Set with
+/// `MODE_ATOMIC` under the switch lock; cleared by the engine, as its last
+/// access to the ref. While it is set, no other switch may start and
+/// `Drop` waits.
+pub(crate) const MODE_PENDING: usize = 4 << FLAG_SHIFT;
 /// The low half of the mode word (rseq builds only): the rseq section's
 /// CPU bound. It holds the arena's CPU count while a ref on the rseq
 /// backend is in percpu mode and 0 otherwise (atomic mode, or another
@@ -505,26 +566,29 @@ impl Counters {
         sharded::try_add_at(unsafe { &*shard }, delta)
     }
 
-    /// Waits until no `try_add` can count any more; returns the sum. On an
-    /// error nothing was sealed.
-    #[cfg_attr(
-        not(percpu_ref_rseq),
-        allow(
-            clippy::unnecessary_wraps,
-            reason = "only the rseq backend's grace period (membarrier) can fail"
-        )
-    )]
-    pub(crate) fn seal_and_sum(&self) -> std::io::Result<u64> {
+    /// Whether these counters need the process-wide grace period
+    /// ([`grace_period`]) before [`sum_after_grace_period`](Self::sum_after_grace_period):
+    /// true on the rseq backend (and its loom model), false on the sharded
+    /// backend, which seals each ref by itself.
+    pub(crate) fn needs_grace_period(&self) -> bool {
+        self.backend() == Backend::Rseq
+    }
+
+    /// The wrapping sum of every counter, once no `try_add` can count any
+    /// more: on the rseq backend a grace period must have passed since the
+    /// mode went atomic (the caller waited for one, see
+    /// [`needs_grace_period`](Self::needs_grace_period)); the sharded
+    /// backend seals its shards here.
+    pub(crate) fn sum_after_grace_period(&self) -> u64 {
         #[cfg(not(loom))]
         match self.backend() {
-            #[cfg(percpu_ref_rseq)]
-            Backend::Rseq => rseq::seal_and_sum(&self.slot),
-            _ => Ok(sharded::seal_and_sum(&self.slot)),
+            Backend::Rseq => self.slot.sum(),
+            Backend::Sharded => sharded::seal_and_sum(&self.slot),
         }
         #[cfg(loom)]
         match &self.kind {
-            Kind::Sharded(s) => Ok(sharded::seal_and_sum(s)),
-            Kind::Model(s) => Ok(s.seal_and_sum()),
+            Kind::Sharded(s) => sharded::seal_and_sum(s),
+            Kind::Model(s) => s.sum(),
         }
     }
 

@@ -56,13 +56,16 @@
 
 use crate::atomic_mode::{AddOutcome, AtomicCount, Fold, PutOutcome, BIAS, MAX_COUNT};
 use crate::flags::{Error, InitFlags};
+use crate::grace::{self, Confirm, Entry};
 use crate::percpu::{
-    backend, Backend, Counters, MODE_ATOMIC, MODE_DEAD, MODE_LIMIT, PERCPU_N_LIMIT,
+    backend, Backend, Counters, MODE_ATOMIC, MODE_DEAD, MODE_LIMIT, MODE_PENDING, PERCPU_N_LIMIT,
 };
 use crate::sync::{self, AtomicUsize, Mutex, MutexGuard, Ordering};
 use std::any::Any;
 use std::fmt;
+use std::marker::PhantomPinned;
 use std::panic::{catch_unwind, resume_unwind, AssertUnwindSafe};
+use std::pin::Pin;
 
 type ReleaseFn = Box<dyn Fn(&PercpuRef) + Send + Sync + 'static>;
 
@@ -105,6 +108,9 @@ pub struct PercpuRef {
     /// protocol, so it is a plain std atomic even under loom.
     switch_owner: std::sync::atomic::AtomicUsize,
     release: ReleaseFn,
+    /// The deferred switches hand the engine the ref's address: once
+    /// pinned, it stays there until `Drop`, which waits for the engine.
+    _pinned: PhantomPinned,
 }
 
 /// What the kernel keeps in `percpu_ref_data` besides the count.
@@ -228,6 +234,7 @@ impl PercpuRef {
             }),
             switch_owner: std::sync::atomic::AtomicUsize::new(0),
             release: Box::new(release),
+            _pinned: PhantomPinned,
         })
     }
 
@@ -433,7 +440,20 @@ impl PercpuRef {
     #[must_use = "a `true` result is a reference taken: dropping it without a matching `put` \
                   leaks that reference, and the ref is never released"]
     pub fn tryget_live(&self) -> bool {
-        self.counters.try_add(&self.mode, 1) || self.tryget_live_atomic()
+        // The mode first: the sharded backend's shards count until they are
+        // sealed, which a deferred kill leaves to the engine, but a kill
+        // that returned must already fail every tryget_live (the rseq
+        // section tests the mode itself; this load shares its cache line).
+        // ordering-audit: Relaxed: a snapshot, as `mode()`: a tryget_live
+        // ordered after the kill sees ATOMIC by coherence, and one that
+        // misses it races with the kill, which may go either way.
+        #[cfg(not(percpu_ref_mutant = "tryget_live_no_mode_check"))]
+        let percpu = self.mode.load(Ordering::Relaxed) & MODE_ATOMIC == 0;
+        // mutant tryget_live_no_mode_check: count on unsealed shards after a
+        // deferred kill returned.
+        #[cfg(percpu_ref_mutant = "tryget_live_no_mode_check")]
+        let percpu = true;
+        percpu && self.counters.try_add(&self.mode, 1) || self.tryget_live_atomic()
     }
 
     #[inline(never)]
@@ -522,6 +542,366 @@ impl PercpuRef {
         drop(g);
         self.run_deferred(deferred);
         Ok(())
+    }
+
+    // ----- deferred (asynchronous) switches -------------------------------
+
+    /// Kills the ref without waiting for a grace period: the kernel's
+    /// `percpu_ref_kill`. Returns without a system call; the switch to
+    /// atomic mode is completed later by the process's grace-period engine
+    /// (a background thread, `percpu-ref-gp`), which then drops the base
+    /// reference (and releases the ref if it was the last).
+    ///
+    /// As soon as this returns the ref is dying: [`is_dying`](Self::is_dying)
+    /// is true and no [`tryget_live`](Self::tryget_live) succeeds. Gets and
+    /// puts go on working, on the atomic counter (exact in either mode).
+    /// One grace period completes every deferred switch queued in the same
+    /// ~1 ms (up to 4096 of them), so a stream of kills costs a few
+    /// `membarrier`s instead of one each. [`flush`](crate::flush) waits
+    /// for every deferred switch queued before it.
+    ///
+    /// The engine keeps the ref's address, hence `Pin`: pin the ref where it
+    /// lives ([`Box::pin`], [`Arc::pin`](std::sync::Arc::pin),
+    /// [`std::pin::pin!`]) and call this through `as_ref()`. Dropping the
+    /// ref waits until the engine is done with it; another switch of the
+    /// same ref (kill, switch, reinit, resurrect, sync or deferred) waits
+    /// for it too.
+    ///
+    /// A ref already in atomic mode needs no grace period: it is killed on
+    /// the calling thread before this returns, as [`kill`](Self::kill).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::AlreadyDead`] if the ref is already dead (nothing changes).
+    ///
+    /// # Panics
+    ///
+    /// When called from a deferred confirm or release of this same ref
+    /// (switches are serialised: it would wait for itself).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use percpu_ref::PercpuRef;
+    /// use std::sync::atomic::{AtomicBool, Ordering};
+    /// use std::sync::Arc;
+    ///
+    /// let released = Arc::new(AtomicBool::new(false));
+    /// let rel = released.clone();
+    /// let r = Box::pin(PercpuRef::new(move |_| rel.store(true, Ordering::SeqCst)));
+    /// r.get();
+    /// r.as_ref().kill_deferred().unwrap();
+    /// assert!(r.is_dying() && !r.tryget_live()); // already, before any grace period
+    /// percpu_ref::flush(); // the engine completed the kill, put the base reference
+    /// assert_eq!(r.atomic_count(), Some(1));
+    /// r.put();
+    /// assert!(released.load(Ordering::SeqCst));
+    /// ```
+    ///
+    /// Pinned on the stack: the ref must not move (or be forgotten) once
+    /// killed, which `pin!` guarantees.
+    ///
+    /// ```
+    /// use percpu_ref::PercpuRef;
+    /// let r = std::pin::pin!(PercpuRef::new(|_| {}));
+    /// r.as_ref().kill_deferred().unwrap();
+    /// assert!(r.as_ref().kill_deferred().is_err()); // already dead
+    /// // Dropping `r` here waits for the engine if the kill is still pending.
+    /// ```
+    #[must_use = "an `Err` means this call killed nothing: the ref was already dead"]
+    pub fn kill_deferred(self: Pin<&Self>) -> Result<(), Error> {
+        // SAFETY: pinned: the ref stays at this address until its `Drop`.
+        unsafe { Self::kill_deferred_raw(self.get_ref(), None, "kill_deferred") }
+    }
+
+    /// As [`kill_deferred`](Self::kill_deferred), running `confirm` once the
+    /// switch is complete (after the grace period, before the base and
+    /// temporary references are put, so before any release): the kernel's
+    /// `percpu_ref_kill_and_confirm`.
+    ///
+    /// `confirm` runs on the engine thread (on the calling thread, before
+    /// this returns, if the ref was already atomic). It may get, put and
+    /// tryget on this ref, and switch *other* refs (deferred or not); a
+    /// switch of this ref or [`flush`](crate::flush) from it panics. A
+    /// panic of `confirm` (or of `release`) on the engine is caught and
+    /// reported on stderr, naming the operation; the kill completes
+    /// anyway.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::AlreadyDead`] if the ref is already dead; `confirm` is then
+    /// dropped without running.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use percpu_ref::PercpuRef;
+    /// use std::sync::mpsc;
+    ///
+    /// let r = std::sync::Arc::pin(PercpuRef::new(|_| {}));
+    /// let (tx, rx) = mpsc::channel();
+    /// r.as_ref()
+    ///     .kill_and_confirm_deferred(move |r| tx.send(r.tryget_live()).unwrap())
+    ///     .unwrap();
+    /// assert_eq!(rx.recv().unwrap(), false); // confirm ran on the engine thread
+    /// ```
+    #[must_use = "an `Err` means this call killed nothing and will not run `confirm`"]
+    pub fn kill_and_confirm_deferred(
+        self: Pin<&Self>,
+        confirm: impl FnOnce(&PercpuRef) + Send + 'static,
+    ) -> Result<(), Error> {
+        // SAFETY: pinned: the ref stays at this address until its `Drop`.
+        unsafe {
+            Self::kill_deferred_raw(
+                self.get_ref(),
+                Some(Box::new(confirm)),
+                "kill_and_confirm_deferred",
+            )
+        }
+    }
+
+    /// Switches to atomic mode (sticky, as [`switch_to_atomic`](Self::switch_to_atomic))
+    /// without waiting for the grace period: returns at once with the ref in
+    /// atomic mode for every new get and put; the engine folds the per-CPU
+    /// counts in later. Pinning, waiting and the already-atomic case are as
+    /// for [`kill_deferred`](Self::kill_deferred).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use percpu_ref::{InitFlags, PercpuRef};
+    /// let r = Box::pin(PercpuRef::with_flags(|_| {}, InitFlags::ALLOW_REINIT));
+    /// r.get();
+    /// r.as_ref().switch_to_atomic_deferred();
+    /// assert!(!r.is_percpu());
+    /// r.switch_to_percpu().unwrap(); // waits for the pending switch first
+    /// assert!(r.is_percpu());
+    /// r.put();
+    /// ```
+    pub fn switch_to_atomic_deferred(self: Pin<&Self>) {
+        // SAFETY: pinned: the ref stays at this address until its `Drop`.
+        unsafe { Self::switch_deferred_raw(self.get_ref(), None) }
+    }
+
+    /// As [`switch_to_atomic_deferred`](Self::switch_to_atomic_deferred),
+    /// running `confirm` once the switch is complete, on the engine thread
+    /// (same rules as for [`kill_and_confirm_deferred`](Self::kill_and_confirm_deferred)).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use percpu_ref::PercpuRef;
+    /// use std::sync::atomic::{AtomicU64, Ordering};
+    /// use std::sync::Arc;
+    ///
+    /// let seen = Arc::new(AtomicU64::new(0));
+    /// let r = Box::pin(PercpuRef::new(|_| {}));
+    /// r.get_many(4);
+    /// let s = seen.clone();
+    /// r.as_ref().switch_to_atomic_and_confirm_deferred(move |r| {
+    ///     s.store(r.atomic_count().unwrap(), Ordering::SeqCst)
+    /// });
+    /// percpu_ref::flush();
+    /// assert_eq!(seen.load(Ordering::SeqCst), 6); // base + 4 + the temporary reference
+    /// r.put_many(4);
+    /// ```
+    pub fn switch_to_atomic_and_confirm_deferred(
+        self: Pin<&Self>,
+        confirm: impl FnOnce(&PercpuRef) + Send + 'static,
+    ) {
+        // SAFETY: pinned: the ref stays at this address until its `Drop`.
+        unsafe { Self::switch_deferred_raw(self.get_ref(), Some(Box::new(confirm))) }
+    }
+
+    /// Waits until every deferred switch queued before the call has
+    /// completed; the same as [`percpu_ref::flush`](crate::flush).
+    ///
+    /// # Panics
+    ///
+    /// As [`flush`](crate::flush).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let r = Box::pin(percpu_ref::PercpuRef::new(|_| {}));
+    /// r.as_ref().kill_deferred().unwrap();
+    /// percpu_ref::PercpuRef::flush();
+    /// assert!(r.is_zero());
+    /// ```
+    pub fn flush() {
+        grace::flush();
+    }
+
+    /// [`kill_and_confirm_deferred`](Self::kill_and_confirm_deferred)
+    /// through a pointer, for the crate's layers whose refs live at a stable
+    /// address without a `Pin` (the owned layer's heap block, the css model).
+    ///
+    /// # Safety
+    ///
+    /// `this` points to a live `PercpuRef` that does not move until it is
+    /// dropped (its `Drop` then waits for the engine), as `Pin` would
+    /// guarantee.
+    pub(crate) unsafe fn kill_deferred_raw(
+        this: *const Self,
+        confirm: Option<Confirm>,
+        op: &'static str,
+    ) -> Result<(), Error> {
+        // SAFETY: live (the caller's contract).
+        let r = unsafe { &*this };
+        let g = r.lock_switch(op);
+        let mode = r.mode();
+        if mode & MODE_DEAD != 0 {
+            return Err(Error::AlreadyDead { op });
+        }
+        if mode & MODE_ATOMIC != 0 {
+            r.kill_atomic_inline(g, confirm, op);
+            return Ok(());
+        }
+        // mutant engine_dead_late: a deferred kill marks the ref dead only
+        // when the engine completes it.
+        let mode = if cfg!(percpu_ref_mutant = "engine_dead_late") {
+            mode
+        } else {
+            mode | MODE_DEAD
+        };
+        r.start_deferred_switch(g, mode);
+        // SAFETY: pinned and now pending (the caller's contract).
+        grace::enqueue(unsafe { Entry::new(this, true, r.counters.needs_grace_period(), confirm) });
+        Ok(())
+    }
+
+    /// [`switch_to_atomic_and_confirm_deferred`](Self::switch_to_atomic_and_confirm_deferred)
+    /// through a pointer.
+    ///
+    /// # Safety
+    ///
+    /// As [`kill_deferred_raw`](Self::kill_deferred_raw).
+    pub(crate) unsafe fn switch_deferred_raw(this: *const Self, confirm: Option<Confirm>) {
+        // SAFETY: live (the caller's contract).
+        let r = unsafe { &*this };
+        let mut g = r.lock_switch("switch_to_atomic_deferred");
+        g.state.force_atomic = true;
+        let mode = r.mode();
+        if mode & MODE_ATOMIC != 0 {
+            let s = AtomicSwitch {
+                temp_ref: false,
+                miscount: None,
+                confirm_panic: confirm.and_then(|c| r.run_confirm(c)),
+            };
+            let mut deferred = Deferred::default();
+            r.finish_atomic_switch(&mut deferred, s, "switch_to_atomic_deferred", false);
+            drop(g);
+            r.run_deferred(deferred);
+            return;
+        }
+        r.start_deferred_switch(g, mode);
+        // SAFETY: pinned and now pending (the caller's contract).
+        grace::enqueue(unsafe {
+            Entry::new(this, false, r.counters.needs_grace_period(), confirm)
+        });
+    }
+
+    /// A deferred kill of a ref already in atomic mode: no grace period is
+    /// needed, so it completes here, as `kill_and_confirm` does.
+    fn kill_atomic_inline(&self, g: SwitchGuard<'_>, confirm: Option<Confirm>, op: &str) {
+        // ordering-audit: Relaxed: as in `kill_and_confirm`, DEAD publishes nothing.
+        self.mode.store(self.mode() | MODE_DEAD, Ordering::Relaxed);
+        let s = AtomicSwitch {
+            temp_ref: false,
+            miscount: None,
+            confirm_panic: confirm.and_then(|c| self.run_confirm(c)),
+        };
+        let mut deferred = Deferred::default();
+        self.finish_atomic_switch(&mut deferred, s, op, true);
+        drop(g);
+        self.run_deferred(deferred);
+    }
+
+    /// Steps 1 and 2 of the switch (set `ATOMIC`, take the temporary
+    /// reference), marking the switch pending; the engine does the rest.
+    /// `mode` is the word to start from (with `DEAD` for a kill).
+    fn start_deferred_switch(&self, g: SwitchGuard<'_>, mode: usize) {
+        // ordering-audit: Relaxed: as in `switch_to_atomic_locked`; the
+        // queue's lock orders this store before the engine's grace period,
+        // and the engine's cookie RMW before any other that completes it.
+        self.mode.store(
+            mode & !MODE_LIMIT | MODE_ATOMIC | MODE_PENDING,
+            Ordering::Relaxed,
+        );
+        self.count.add_temp_ref();
+        drop(g);
+    }
+
+    /// The engine's part of a deferred switch, once the batch's grace
+    /// period has passed: sum, fold, `confirm`, put the base reference (a
+    /// kill) and the temporary one, release if due, then clear the pending
+    /// bit. Panics of `confirm` and `release`, and misuse the fold found,
+    /// are reported on stderr (there is no caller to hand them to).
+    ///
+    /// # Safety
+    ///
+    /// `this` is pending and pinned (see `grace::Entry::new`): alive until
+    /// the pending bit is cleared here, or until its release drops it on
+    /// this thread (`grace::dropped_by_release`); nothing is touched after
+    /// either.
+    pub(crate) unsafe fn complete_deferred(
+        this: *const Self,
+        kill: bool,
+        confirm: Option<Confirm>,
+    ) {
+        // SAFETY: alive until the end (the caller's contract); `r` is not
+        // used after `release` if the release dropped the ref.
+        let r = unsafe { &*this };
+        let op = if kill {
+            "kill_deferred"
+        } else {
+            "switch_to_atomic_deferred"
+        };
+        #[cfg(percpu_ref_mutant = "engine_dead_late")]
+        if kill {
+            r.mode.fetch_or(MODE_DEAD, Ordering::Relaxed);
+        }
+        let sum = r.counters.sum_after_grace_period();
+        let miscount = miscount_message(r.count.fold_percpu_sum(sum), op);
+        let mut d = Deferred::default();
+        // mutant engine_temp_put_before_confirm: put the temporary (and
+        // base) reference, releasing if due, before confirm.
+        let puts_first = cfg!(percpu_ref_mutant = "engine_temp_put_before_confirm");
+        if puts_first {
+            let s = AtomicSwitch {
+                temp_ref: true,
+                miscount: None,
+                confirm_panic: None,
+            };
+            r.finish_atomic_switch(&mut d, s, op, kill);
+            if std::mem::take(&mut d.release) {
+                (r.release)(r);
+            }
+        }
+        let s = AtomicSwitch {
+            temp_ref: !puts_first,
+            miscount,
+            confirm_panic: confirm.and_then(|c| r.run_confirm(c)),
+        };
+        r.finish_atomic_switch(&mut d, s, op, kill && !puts_first);
+        if let Some(payload) = d.confirm_panic.take() {
+            report_engine_panic(op, "confirm", &*payload);
+        }
+        if let Some(msg) = d.panic.take() {
+            eprintln!("percpu_ref: grace-period engine: {msg}");
+        }
+        if d.release {
+            if let Err(payload) = catch_unwind(AssertUnwindSafe(|| (r.release)(r))) {
+                report_engine_panic(op, "release", &*payload);
+            }
+            if grace::dropped_by_release() {
+                return;
+            }
+        }
+        // The engine's last access to the ref (module `grace`, invariant 4).
+        // Release: pairs with `is_pending`'s acquire, so everything done to
+        // the ref here happens before a waiter's next switch or free.
+        r.mode.fetch_and(!MODE_PENDING, Ordering::Release);
     }
 
     // ----- mode switches ----------------------------------------------------
@@ -786,17 +1166,53 @@ impl PercpuRef {
         self.mode.load(Ordering::Relaxed)
     }
 
+    /// Takes the switch lock, once no deferred switch of this ref is
+    /// pending (a pending switch is a switch in progress).
     fn lock_switch(&self, op: &'static str) -> SwitchGuard<'_> {
         let me = sync::thread_token();
         assert!(
-            self.switch_owner.load(std::sync::atomic::Ordering::Relaxed) != me,
-            "percpu_ref::{op} called from inside a confirm callback on the same ref: \
+            self.switch_owner.load(std::sync::atomic::Ordering::Relaxed) != me
+                && !grace::completing(self),
+            "percpu_ref::{op} called from inside a confirm callback (or a deferred release) on the same ref: \
              switches are serialised, so this would deadlock"
         );
-        let state = sync::lock(&self.switch);
-        self.switch_owner
-            .store(me, std::sync::atomic::Ordering::Relaxed);
-        SwitchGuard { r: self, state }
+        loop {
+            let state = sync::lock(&self.switch);
+            if !self.is_pending() {
+                self.switch_owner
+                    .store(me, std::sync::atomic::Ordering::Relaxed);
+                return SwitchGuard { r: self, state };
+            }
+            drop(state);
+            self.wait_not_pending(op);
+        }
+    }
+
+    /// Whether a deferred switch of this ref is queued or being completed.
+    fn is_pending(&self) -> bool {
+        // Acquire: pairs with the engine's release when it clears the bit,
+        // so what it did to the ref (the sum, the fold, the puts) happens
+        // before what the caller does next (reset the counters, free them).
+        self.mode.load(Ordering::Acquire) & MODE_PENDING != 0
+    }
+
+    /// Waits until the engine completed this ref's deferred switch.
+    fn wait_not_pending(&self, op: &str) {
+        assert!(
+            !grace::on_engine(),
+            "percpu_ref::{op} called from a deferred confirm or release on a ref whose own \
+             deferred switch is still queued: the grace-period engine would wait for itself"
+        );
+        grace::wait_until(|_| self.is_pending());
+    }
+
+    /// Waits until no `try_add` can count any more and returns the sum: the
+    /// shared grace period (if the backend needs one), then the sum.
+    fn seal_and_sum(&self) -> std::io::Result<u64> {
+        if self.counters.needs_grace_period() {
+            grace::synchronize_after_store()?;
+        }
+        Ok(self.counters.sum_after_grace_period())
     }
 
     /// Steps 1-5 of the switch to atomic mode, except dropping the temporary
@@ -828,7 +1244,7 @@ impl PercpuRef {
         self.mode
             .store(mode & !MODE_LIMIT | MODE_ATOMIC, Ordering::Relaxed);
         self.count.add_temp_ref();
-        let sum = match self.counters.seal_and_sum() {
+        let sum = match self.seal_and_sum() {
             Ok(sum) => sum,
             Err(e) => {
                 // Nothing was summed: percpu adds made meanwhile are still in
@@ -850,20 +1266,7 @@ impl PercpuRef {
             1 => Fold::Underflow(0),
             _ => fold,
         };
-        let miscount = match fold {
-            Fold::Exact => None,
-            // `v` includes the temporary reference.
-            Fold::Underflow(v) => Some(format!(
-                "percpu_ref::{op}: count underflow found when switching to atomic mode: \
-                 the count is {} (more puts than gets); the ref will never release",
-                v - 1
-            )),
-            Fold::Overflow(v) => Some(format!(
-                "percpu_ref::{op}: count overflow found when switching to atomic mode: \
-                 {} references, more than 2^62 - 1; the ref will never release",
-                v - 1
-            )),
-        };
+        let miscount = miscount_message(fold, op);
         // mutant confirm_after_put: drop the temporary reference before confirm.
         #[cfg(percpu_ref_mutant = "confirm_after_put")]
         if self.count.sub(1) == PutOutcome::ReachedZero {
@@ -977,6 +1380,44 @@ impl fmt::Debug for PercpuRef {
     }
 }
 
+/// Dropping a ref whose deferred switch is pending waits until the engine
+/// is done with it (the `Pin` drop guarantee makes this the last moment the
+/// engine may use the address). A ref dropped by its own `release`, run by
+/// the engine, does not wait: the engine touches nothing of it afterwards.
+impl Drop for PercpuRef {
+    fn drop(&mut self) {
+        if !self.is_pending() {
+            return;
+        }
+        if grace::completing(self) {
+            grace::mark_dropped_by_release();
+            return;
+        }
+        if grace::on_engine() {
+            // The engine would wait for itself, and unwinding would free
+            // memory the queue still points to: neither is acceptable.
+            eprintln!(
+                "percpu_ref: a PercpuRef whose deferred switch is still queued was dropped \
+                 from a deferred confirm or release of another ref; aborting (the engine \
+                 would wait for itself)"
+            );
+            std::process::abort();
+        }
+        grace::wait_until(|_| self.is_pending());
+    }
+}
+
+/// Reports a panic of a deferred `confirm` or `release` (caught on the
+/// engine thread, which goes on).
+fn report_engine_panic(op: &str, what: &str, payload: &(dyn Any + Send)) {
+    let msg = payload
+        .downcast_ref::<&str>()
+        .copied()
+        .or_else(|| payload.downcast_ref::<String>().map(String::as_str))
+        .unwrap_or("(a non-string payload)");
+    eprintln!("percpu_ref: grace-period engine: the {what} callback of {op} panicked: {msg}");
+}
+
 /// On the fast path of every get and put: inlined, with the panic out of line.
 #[inline(always)]
 fn checked_n(op: &str, n: usize) -> u64 {
@@ -1000,6 +1441,24 @@ fn overflow(op: &str, n: u64, count: u64) -> ! {
         "percpu_ref::{op}: count overflow: adding {n} to the counter at {count} would pass \
          its range (at most 2^62 - 1 references); the count is left at {count}"
     );
+}
+
+/// What a fold found wrong, as a message (`None` when exact).
+fn miscount_message(fold: Fold, op: &str) -> Option<String> {
+    match fold {
+        Fold::Exact => None,
+        // `v` includes the temporary reference.
+        Fold::Underflow(v) => Some(format!(
+            "percpu_ref::{op}: count underflow found when switching to atomic mode: \
+             the count is {} (more puts than gets); the ref will never release",
+            v - 1
+        )),
+        Fold::Overflow(v) => Some(format!(
+            "percpu_ref::{op}: count overflow found when switching to atomic mode: \
+             {} references, more than 2^62 - 1; the ref will never release",
+            v - 1
+        )),
+    }
 }
 
 fn underflow_message(op: &str, n: u64, count: u64) -> String {

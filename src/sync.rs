@@ -41,6 +41,15 @@ pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     }
 }
 
+/// Waits on `cv`, ignoring poisoning (as [`lock`]).
+#[cfg(not(loom))]
+pub(crate) fn wait<'a, T>(cv: &Condvar, g: MutexGuard<'a, T>) -> MutexGuard<'a, T> {
+    match cv.wait(g) {
+        Ok(g) => g,
+        Err(poisoned) => poisoned.into_inner(),
+    }
+}
+
 /// Tries to lock `m` without blocking, ignoring poisoning (as [`lock`]).
 #[cfg(feature = "css")]
 pub(crate) fn try_lock<T>(m: &Mutex<T>) -> Option<MutexGuard<'_, T>> {

@@ -228,6 +228,22 @@ extern "C" fn register_fork_handlers() {
     // process and only touch the lock's atomic. pthread_atfork fails only
     // with ENOMEM; then forks are not protected (FORK_HANDLERS says so).
     let ok = unsafe { libc::pthread_atfork(Some(prepare), Some(after), Some(after)) } == 0;
+    // The grace-period engine's handlers, registered after the arena's so
+    // that its prepare runs first (prepare handlers run in reverse order):
+    // it waits for a batch in flight, whose releases may free refs, which
+    // takes the arena lock.
+    let (prepare, parent, child): (
+        unsafe extern "C" fn(),
+        unsafe extern "C" fn(),
+        unsafe extern "C" fn(),
+    ) = (
+        crate::grace::before_fork,
+        crate::grace::after_fork_parent,
+        crate::grace::after_fork_child,
+    );
+    // SAFETY: as above: plain functions that live for the whole process;
+    // they take and release the engine's own locks in the forking thread.
+    let ok = ok && unsafe { libc::pthread_atfork(Some(prepare), Some(parent), Some(child)) } == 0;
     FORK_HANDLERS.store(ok, Ordering::Relaxed);
 }
 

@@ -3,9 +3,10 @@
 //! Loom cannot run a restartable sequence or a `membarrier`, so this module
 //! models what they guarantee (DESIGN.md §3c):
 //!
-//! - a *CPU* is a slot with a plain counter (a `loom::cell::UnsafeCell`, so
-//!   loom reports any access that is not ordered by the protocol) and a
-//!   *section lock*;
+//! - a *CPU* is a *section lock*, shared by every ref (one per model CPU,
+//!   process-wide), and each ref has a plain counter per CPU (a
+//!   `loom::cell::UnsafeCell`, so loom reports any access that is not
+//!   ordered by the protocol);
 //! - an rseq section is a critical section on that CPU's lock: it reads the
 //!   mode word inside, returns `false` when `MODE_ATOMIC` is set, else adds
 //!   with a plain read-modify-write. A section runs on one CPU from start to
@@ -14,7 +15,8 @@
 //!   exactly when `MODE_ATOMIC` is set, and is non-zero for every modelled
 //!   CPU otherwise; a CPU above the bound takes the atomic path, which is
 //!   exact in either mode, so testing the flag loses no behaviour);
-//! - the grace period (`membarrier(PRIVATE_EXPEDITED_RSEQ)`) takes and
+//! - the grace period (`membarrier(PRIVATE_EXPEDITED_RSEQ)`, one for the
+//!   whole process, run by the grace-period engine, `src/grace.rs`) takes and
 //!   drops every CPU's lock in turn: a section either committed before the
 //!   grace period passed its CPU, or starts after and sees `MODE_ATOMIC`;
 //! - the sum and the reset are plain reads and writes outside any lock,
@@ -63,76 +65,80 @@ use crate::sync::{self, AtomicUsize, Mutex, Ordering};
 use loom::cell::UnsafeCell;
 use std::cell::Cell;
 
-struct Cpu {
-    /// Held for the duration of one rseq section on this CPU.
-    section: Mutex<()>,
-    /// This CPU's counter; plain memory, as in the per-CPU arena.
-    count: UnsafeCell<u64>,
+loom::lazy_static! {
+    /// One section lock per model CPU, shared by every ref: a CPU runs one
+    /// section at a time whatever ref it counts on, and the grace period
+    /// (one `membarrier` for the whole process) passes every CPU once for
+    /// every ref. Reset by loom for every execution.
+    static ref SECTIONS: Box<[Mutex<()>]> = (0..possible_cpus()).map(|_| Mutex::new(())).collect();
 }
 
-// SAFETY: `count` is written only inside a section (holding `section`) or by
-// `reset`, and read by `seal_and_sum` after the grace period; loom checks
-// that these accesses are ordered and fails the model otherwise.
-unsafe impl Sync for Cpu {}
-
+/// One ref's counters, one per model CPU; plain memory, as in the per-CPU
+/// arena.
 pub(crate) struct ModelCpus {
-    cpus: Box<[Cpu]>,
+    cpus: Box<[UnsafeCell<u64>]>,
 }
+
+// SAFETY: a counter is written only inside a section (holding its CPU's
+// lock in `SECTIONS`) or by `reset`, and read by `sum` after a grace
+// period; loom checks that these accesses are ordered and fails the model
+// otherwise.
+unsafe impl Sync for ModelCpus {}
 
 impl ModelCpus {
     pub(crate) fn new() -> Self {
         ModelCpus {
-            cpus: (0..possible_cpus())
-                .map(|_| Cpu {
-                    section: Mutex::new(()),
-                    count: UnsafeCell::new(0),
-                })
-                .collect(),
+            cpus: (0..possible_cpus()).map(|_| UnsafeCell::new(0)).collect(),
         }
     }
 
     /// One rseq section: on this CPU, add `delta` unless the mode is atomic.
     pub(crate) fn try_add(&self, mode: &AtomicUsize, delta: u64) -> bool {
-        let cpu = &self.cpus[current_cpu() % self.cpus.len()];
-        let _section = sync::lock(&cpu.section);
+        let cpu = current_cpu() % self.cpus.len();
+        let _section = sync::lock(&SECTIONS[cpu]);
         // Acquire (as the aarch64 section's load): a section that sees
         // percpu mode must see the zeroed counters `reset` left.
         if mode.load(Ordering::Acquire) & MODE_ATOMIC != 0 {
             return false;
         }
         // SAFETY: inside this CPU's section; no other section runs here, and
-        // the switcher reads only after its grace period passed this lock.
-        cpu.count
-            .with_mut(|c| unsafe { *c = (*c).wrapping_add(delta) });
+        // the switcher reads only after a grace period passed this lock.
+        self.cpus[cpu].with_mut(|c| unsafe { *c = (*c).wrapping_add(delta) });
         true
     }
 
-    /// The grace period, then the sum of every CPU's counter.
-    pub(crate) fn seal_and_sum(&self) -> u64 {
-        // mutant no_grace_period: sum without waiting for sections in flight.
-        #[cfg(not(percpu_ref_mutant = "no_grace_period"))]
-        for cpu in &self.cpus {
-            drop(sync::lock(&cpu.section));
-        }
+    /// The sum of every CPU's counter; a grace period has passed since the
+    /// mode went atomic.
+    pub(crate) fn sum(&self) -> u64 {
         self.cpus.iter().fold(0u64, |sum, cpu| {
             // SAFETY: every section on this CPU either ended before the grace
             // period took its lock or saw MODE_ATOMIC and wrote nothing.
-            sum.wrapping_add(cpu.count.with(|c| unsafe { *c }))
+            sum.wrapping_add(cpu.with(|c| unsafe { *c }))
         })
     }
 
     /// Zeroes every counter (mode atomic, grace period passed, lock held).
     pub(crate) fn reset(&self) {
-        for cpu in &self.cpus {
+        for cpu in &*self.cpus {
             // SAFETY: the mode is atomic and a grace period has passed since
             // it was set, so no section writes; the release store of the
             // cleared mode publishes this write to the next sections.
-            cpu.count.with_mut(|c| unsafe { *c = 0 });
+            cpu.with_mut(|c| unsafe { *c = 0 });
         }
     }
 
     pub(crate) fn storage_bytes(&self) -> usize {
         self.cpus.len() * std::mem::size_of::<u64>()
+    }
+}
+
+/// The grace period (`membarrier(PRIVATE_EXPEDITED_RSEQ)`): takes and drops
+/// every CPU's section lock in turn, for every ref at once.
+pub(crate) fn grace_period() {
+    // mutant no_grace_period: sum without waiting for sections in flight.
+    #[cfg(not(percpu_ref_mutant = "no_grace_period"))]
+    for cpu in SECTIONS.iter() {
+        drop(sync::lock(cpu));
     }
 }
 

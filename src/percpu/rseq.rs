@@ -86,14 +86,18 @@
 
 #[cfg(any(test, doc))]
 use super::arena;
-use super::arena::{Slot, REGION_SHIFT};
+#[cfg(test)]
+use super::arena::Slot;
+use super::arena::REGION_SHIFT;
 use super::rseq_abi::{self, CPU_ID_OFFSET, RSEQ_CS_OFFSET};
 use crate::sync::AtomicUsize;
 use std::arch::asm;
 
-/// Waits until no section can count on `slot` any more (the grace period)
-/// and returns its sum. On an error nothing was sealed.
-pub(crate) fn seal_and_sum(slot: &Slot) -> std::io::Result<u64> {
+/// Waits until no section can count on `slot` any more (a grace period of
+/// its own) and returns its sum; the protocol shares grace periods instead
+/// (`crate::grace`).
+#[cfg(test)]
+fn seal_and_sum(slot: &Slot) -> std::io::Result<u64> {
     rseq_abi::grace_period()?;
     Ok(slot.sum())
 }

@@ -68,6 +68,8 @@ static RSEQ_OFFSET: AtomicIsize = AtomicIsize::new(0);
 static FORCED: AtomicBool = AtomicBool::new(false);
 /// Fast-path attempts the kernel aborted (and that were retried).
 static ABORTS: AtomicU64 = AtomicU64::new(0);
+/// `membarrier` grace periods issued (`crate::percpu::grace_periods`).
+static GRACE_PERIODS: AtomicU64 = AtomicU64::new(0);
 
 /// [`available`]'s answer: [`UNKNOWN`] until decided, then [`NO`] or [`YES`].
 static AVAILABLE: AtomicU8 = AtomicU8::new(UNKNOWN);
@@ -259,6 +261,7 @@ pub(crate) fn grace_period() -> std::io::Result<()> {
         // One thread and no kernel rseq: nothing can be in flight.
         return Ok(());
     }
+    GRACE_PERIODS.fetch_add(1, Ordering::Relaxed);
     if membarrier(MEMBARRIER_CMD_PRIVATE_EXPEDITED_RSEQ) == 0 {
         return Ok(());
     }
@@ -277,6 +280,11 @@ pub(crate) fn grace_period() -> std::io::Result<()> {
 #[cold]
 pub(crate) fn record_abort() {
     ABORTS.fetch_add(1, Ordering::Relaxed);
+}
+
+/// The count behind [`crate::percpu::grace_periods`].
+pub(crate) fn grace_periods() -> u64 {
+    GRACE_PERIODS.load(Ordering::Relaxed)
 }
 
 /// The count behind [`crate::percpu::rseq_aborts`].

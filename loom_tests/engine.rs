@@ -1,0 +1,307 @@
+//! Loom models of the grace-period engine (`src/grace.rs`): deferred
+//! switches, batches, shared grace periods and `flush`.
+//!
+//! There is no engine thread under loom: a model drives it with
+//! `percpu_ref::__loom_engine::step()` from one of its threads (one step =
+//! take the queue as a batch, run its grace period, complete each ref),
+//! and `flush` and `Drop` run steps themselves when they must wait. The
+//! engine's state is fresh for every execution.
+//!
+//! Models that need a grace period run on the loom model of the rseq
+//! backend (`Backend::Rseq` under `--cfg loom`: a section is a critical
+//! section on a process-wide per-CPU lock, the grace period takes every
+//! CPU's lock in turn); the others also run on the sharded backend (no
+//! grace period, the same observable order of confirm and release).
+//!
+//! Run with
+//!
+//! ```text
+//! RUSTFLAGS="--cfg loom" cargo test --release --test loom_engine
+//! ```
+//!
+//! `scripts/loom-mutants` runs every model against the engine's mutants
+//! (`engine_*`, grep `mutant engine_`) and the others.
+
+#![cfg(loom)]
+
+use loom::sync::atomic::{AtomicBool, AtomicUsize, Ordering::SeqCst};
+use loom::thread;
+use percpu_ref::__loom_engine::step;
+use percpu_ref::{Backend, InitFlags, PercpuRef};
+use std::pin::Pin;
+use std::sync::Arc;
+
+/// Runs `f` in every interleaving within the preemption bound (default
+/// `preemptions`, or `LOOM_MAX_PREEMPTIONS` when set).
+fn check(preemptions: usize, f: impl Fn() + Sync + Send + 'static) {
+    let mut builder = loom::model::Builder::new();
+    if builder.preemption_bound.is_none() {
+        builder.preemption_bound = Some(preemptions);
+    }
+    builder.check(f);
+}
+
+/// What a ref's callbacks and the model's threads observe.
+#[derive(Default)]
+struct Probe {
+    confirmed: AtomicBool,
+    /// References the model's threads hold (decremented before each put).
+    held: AtomicUsize,
+    releases: AtomicUsize,
+}
+
+impl Probe {
+    fn new(held: usize) -> Arc<Probe> {
+        let p = Probe::default();
+        p.held.store(held, SeqCst);
+        Arc::new(p)
+    }
+
+    fn confirmed(&self) -> bool {
+        self.confirmed.load(SeqCst)
+    }
+
+    fn releases(&self) -> usize {
+        self.releases.load(SeqCst)
+    }
+
+    /// A confirm callback that records itself.
+    fn confirm(self: &Arc<Self>) -> impl FnOnce(&PercpuRef) + Send + 'static {
+        let p = self.clone();
+        move |_| assert!(!p.confirmed.swap(true, SeqCst), "confirm ran twice")
+    }
+
+    /// One put, accounted: the reference stops being held first.
+    fn put(&self, r: &PercpuRef) {
+        self.held.fetch_sub(1, SeqCst);
+        r.put();
+    }
+}
+
+type PinnedRef = Pin<Arc<PercpuRef>>;
+
+/// A pinned ref whose release asserts that it is the only one, that confirm
+/// ran first, and that no reference is still held.
+fn strict_ref(p: &Arc<Probe>, backend: Backend) -> PinnedRef {
+    let p = p.clone();
+    Arc::pin(
+        PercpuRef::with_backend(
+            move |_| {
+                assert!(p.confirmed.load(SeqCst), "release ran before confirm");
+                assert_eq!(
+                    p.held.load(SeqCst),
+                    0,
+                    "release ran while a reference is held"
+                );
+                assert_eq!(p.releases.fetch_add(1, SeqCst), 0, "release ran twice");
+            },
+            InitFlags::empty(),
+            backend,
+        )
+        .unwrap(),
+    )
+}
+
+/// One get (percpu mode) by the model's main thread, handed to a thread
+/// that puts it.
+fn get_for(r: &PinnedRef, p: &Arc<Probe>) {
+    r.get();
+    p.held.fetch_add(1, SeqCst);
+}
+
+fn spawn_put(r: &PinnedRef, p: &Arc<Probe>) -> thread::JoinHandle<()> {
+    let (r, p) = (r.clone(), p.clone());
+    thread::spawn(move || p.put(&r))
+}
+
+// ----- the models ---------------------------------------------------------
+
+/// Two refs killed with `kill_and_confirm_deferred` are completed by one
+/// engine step (one batch, one grace period), while a thread puts a
+/// reference on each (a section in flight on the rseq model): both
+/// confirmed after the step, both released exactly once, after confirm and
+/// after the last put.
+fn two_refs_one_batch(backend: Backend) {
+    let (pa, pb) = (Probe::new(0), Probe::new(0));
+    let (a, b) = (strict_ref(&pa, backend), strict_ref(&pb, backend));
+    get_for(&a, &pa);
+    get_for(&b, &pb);
+    let (ra, rb) = (a.clone(), b.clone());
+    let (qa, qb) = (pa.clone(), pb.clone());
+    let putter = thread::spawn(move || {
+        qa.put(&ra);
+        qb.put(&rb);
+    });
+    a.as_ref().kill_and_confirm_deferred(pa.confirm()).unwrap();
+    b.as_ref().kill_and_confirm_deferred(pb.confirm()).unwrap();
+    assert!(step(), "the step found nothing queued");
+    assert!(
+        pa.confirmed() && pb.confirmed(),
+        "one step completes the batch"
+    );
+    assert!(!step(), "both refs were in the first batch");
+    putter.join().unwrap();
+    assert_eq!((pa.releases(), pb.releases()), (1, 1));
+}
+
+/// A kill queued while another thread's grace period is in flight is not
+/// completed by that grace period: a section that read percpu mode after
+/// the grace period passed its CPU, but before the kill set `ATOMIC`, must
+/// be waited for (rseq model: loom reports the sum racing with the
+/// section's add, or the count comes out wrong).
+fn kill_queued_during_grace_period(backend: Backend) {
+    let (pa, pb) = (Probe::new(0), Probe::new(0));
+    let (a, b) = (strict_ref(&pa, backend), strict_ref(&pb, backend));
+    get_for(&b, &pb);
+    let other = {
+        let (a, pa) = (a.clone(), pa.clone());
+        // A synchronous kill: runs a grace period on this thread.
+        thread::spawn(move || a.kill_and_confirm(pa.confirm()).unwrap())
+    };
+    let putter = spawn_put(&b, &pb);
+    b.as_ref().kill_and_confirm_deferred(pb.confirm()).unwrap();
+    step();
+    other.join().unwrap();
+    putter.join().unwrap();
+    percpu_ref::flush();
+    assert_eq!((pa.releases(), pb.releases()), (1, 1));
+}
+
+/// Every ref of a batch runs its confirm before its release, whether the
+/// release comes from the engine's puts or from a thread's last put racing
+/// with the batch.
+fn confirm_before_release_in_a_batch(backend: Backend) {
+    let (pa, pb) = (Probe::new(0), Probe::new(0));
+    let (a, b) = (strict_ref(&pa, backend), strict_ref(&pb, backend));
+    get_for(&a, &pa);
+    get_for(&b, &pb);
+    a.as_ref().kill_and_confirm_deferred(pa.confirm()).unwrap();
+    b.as_ref().kill_and_confirm_deferred(pb.confirm()).unwrap();
+    let (ta, tb) = (spawn_put(&a, &pa), spawn_put(&b, &pb));
+    step();
+    ta.join().unwrap();
+    tb.join().unwrap();
+    assert_eq!((pa.releases(), pb.releases()), (1, 1));
+}
+
+/// Once `kill_deferred` returned, no `tryget_live` that starts afterwards
+/// (on any thread) succeeds, whether or not the engine completed the kill.
+fn tryget_live_fails_after_kill_deferred(backend: Backend) {
+    let p = Probe::new(0);
+    let r = strict_ref(&p, backend);
+    let killed = Arc::new(AtomicBool::new(false));
+    let checker = {
+        let (r, p, killed) = (r.clone(), p.clone(), killed.clone());
+        thread::spawn(move || {
+            let after_kill = killed.load(SeqCst);
+            if r.tryget_live() {
+                assert!(
+                    !after_kill,
+                    "tryget_live succeeded after kill_deferred returned"
+                );
+                p.held.fetch_add(1, SeqCst);
+                p.put(&r);
+            }
+        })
+    };
+    let engine = thread::spawn(|| {
+        step();
+    });
+    r.as_ref().kill_and_confirm_deferred(p.confirm()).unwrap();
+    killed.store(true, SeqCst);
+    checker.join().unwrap();
+    engine.join().unwrap();
+    percpu_ref::flush();
+    assert_eq!(p.releases(), 1);
+}
+
+/// `flush` returns only once every deferred switch queued before it has
+/// run its confirm (and put its references), even while another thread
+/// runs the engine step that completes it.
+fn flush_after_every_earlier_confirm(backend: Backend) {
+    let (pa, pb) = (Probe::new(0), Probe::new(0));
+    let (a, b) = (strict_ref(&pa, backend), strict_ref(&pb, backend));
+    let engine = thread::spawn(|| {
+        step();
+    });
+    let killer = {
+        let (b, pb) = (b.clone(), pb.clone());
+        thread::spawn(move || b.as_ref().kill_and_confirm_deferred(pb.confirm()).unwrap())
+    };
+    a.as_ref().kill_and_confirm_deferred(pa.confirm()).unwrap();
+    percpu_ref::flush();
+    assert!(pa.confirmed(), "flush returned before an earlier confirm");
+    assert_eq!(pa.releases(), 1, "flush returned before the release");
+    killer.join().unwrap();
+    engine.join().unwrap();
+    percpu_ref::flush();
+    assert!(pb.confirmed());
+}
+
+/// Two synchronous kills at once share grace periods; each returns only
+/// after a grace period that started after its switch: a section on its
+/// ref that read percpu mode is counted exactly (rseq model: loom reports
+/// a sum racing with the add otherwise).
+fn sync_waiter_after_its_grace_period(backend: Backend) {
+    let (pa, pb) = (Probe::new(0), Probe::new(0));
+    let (a, b) = (strict_ref(&pa, backend), strict_ref(&pb, backend));
+    get_for(&b, &pb);
+    let other = {
+        let (a, pa) = (a.clone(), pa.clone());
+        thread::spawn(move || a.kill_and_confirm(pa.confirm()).unwrap())
+    };
+    let putter = spawn_put(&b, &pb);
+    b.kill_and_confirm(pb.confirm()).unwrap();
+    other.join().unwrap();
+    putter.join().unwrap();
+    assert_eq!((pa.releases(), pb.releases()), (1, 1));
+}
+
+/// Dropping a ref right after its deferred kill waits until the engine is
+/// done with it (the step may run on another thread, or from the drop).
+fn drop_waits_for_the_engine(backend: Backend) {
+    let p = Probe::new(0);
+    let r = strict_ref(&p, backend);
+    let engine = thread::spawn(|| {
+        step();
+    });
+    r.as_ref().kill_and_confirm_deferred(p.confirm()).unwrap();
+    drop(r);
+    assert!(p.confirmed(), "the ref was dropped before its confirm ran");
+    assert_eq!(p.releases(), 1);
+    engine.join().unwrap();
+}
+
+// ----- the tests ------------------------------------------------------------
+
+macro_rules! models {
+    ($($model:ident: preemptions $bound:literal, backends [$($b:ident),+];)*) => {$(
+        mod $model {
+            $(
+                #[test]
+                #[allow(non_snake_case)]
+                fn $b() {
+                    super::check($bound, || super::$model(super::backend_named(stringify!($b))));
+                }
+            )+
+        }
+    )*};
+}
+
+fn backend_named(name: &str) -> Backend {
+    match name {
+        "sharded" => Backend::Sharded,
+        "rseq_model" => Backend::Rseq,
+        _ => unreachable!("{name}"),
+    }
+}
+
+models! {
+    two_refs_one_batch: preemptions 2, backends [sharded, rseq_model];
+    kill_queued_during_grace_period: preemptions 2, backends [rseq_model];
+    confirm_before_release_in_a_batch: preemptions 2, backends [sharded, rseq_model];
+    tryget_live_fails_after_kill_deferred: preemptions 2, backends [sharded, rseq_model];
+    flush_after_every_earlier_confirm: preemptions 2, backends [sharded, rseq_model];
+    sync_waiter_after_its_grace_period: preemptions 2, backends [rseq_model];
+    drop_waits_for_the_engine: preemptions 2, backends [sharded, rseq_model];
+}
