@@ -272,6 +272,60 @@ fn drop_waits_for_the_engine(backend: Backend) {
     engine.join().unwrap();
 }
 
+/// A deferred switch, then `switch_to_percpu` (which waits for the engine)
+/// while another thread runs the step: the engine's sum reads the per-CPU
+/// counters before the reset writes them (rseq model: loom reports the two
+/// racing if the pending bit's release/acquire pair is missing).
+fn deferred_switch_then_percpu(backend: Backend) {
+    let p = Probe::new(0);
+    let r = Arc::pin(PercpuRef::with_backend(|_| {}, InitFlags::ALLOW_REINIT, backend).unwrap());
+    r.get();
+    let engine = thread::spawn(|| {
+        step();
+    });
+    r.as_ref()
+        .switch_to_atomic_and_confirm_deferred(p.confirm());
+    r.switch_to_percpu().unwrap();
+    assert!(p.confirmed(), "the switch back waited for the deferred one");
+    assert!(r.is_percpu());
+    r.put();
+    engine.join().unwrap();
+    r.kill().unwrap();
+    assert!(r.is_zero());
+}
+
+/// Whether some execution of `two_sync_kills` needed
+/// only one grace period for two kills.
+static SHARED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Two synchronous kills at once need one or two grace periods, and in
+/// some interleaving one (the second waiter finds that a grace period
+/// that started after its switch has completed while it waited).
+fn two_sync_kills(backend: Backend) {
+    let (pa, pb) = (Probe::new(0), Probe::new(0));
+    let (a, b) = (strict_ref(&pa, backend), strict_ref(&pb, backend));
+    let other = {
+        let (a, pa) = (a.clone(), pa.clone());
+        thread::spawn(move || a.kill_and_confirm(pa.confirm()).unwrap())
+    };
+    b.kill_and_confirm(pb.confirm()).unwrap();
+    other.join().unwrap();
+    let n = percpu_ref::__loom_engine::grace_periods();
+    assert!((1..=2).contains(&n), "{n} grace periods for two kills");
+    if n == 1 {
+        SHARED.store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+#[test]
+fn sync_kills_share_a_grace_period() {
+    check(2, || two_sync_kills(Backend::Rseq));
+    assert!(
+        SHARED.load(std::sync::atomic::Ordering::Relaxed),
+        "no interleaving shared a grace period between two synchronous kills"
+    );
+}
+
 // ----- the tests ------------------------------------------------------------
 
 macro_rules! models {
@@ -304,4 +358,5 @@ models! {
     flush_after_every_earlier_confirm: preemptions 2, backends [sharded, rseq_model];
     sync_waiter_after_its_grace_period: preemptions 2, backends [rseq_model];
     drop_waits_for_the_engine: preemptions 2, backends [sharded, rseq_model];
+    deferred_switch_then_percpu: preemptions 2, backends [sharded, rseq_model];
 }

@@ -182,6 +182,8 @@ pub(crate) struct Done {
 struct Engine {
     started: AtomicU64,
     completed: AtomicU64,
+    /// Cookies taken (`gather`'s hint that a switch arrived).
+    cookies: AtomicU64,
     /// Held while a grace period runs: they run one at a time, in order.
     gp: Mutex<()>,
     queue: Mutex<Queue>,
@@ -202,6 +204,7 @@ macro_rules! new_engine {
         Engine {
             started: AtomicU64::new(0),
             completed: AtomicU64::new(0),
+            cookies: AtomicU64::new(0),
             gp: Mutex::new(()),
             queue: Mutex::new(Queue {
                 entries: Vec::new(),
@@ -266,7 +269,12 @@ pub(crate) fn cookie() -> u64 {
     // store to the grace period that starts after it (whose RMW acquires);
     // the caller needs nothing from earlier grace periods (its sum acquires
     // `completed`).
-    let started = engine().started.fetch_add(0, Ordering::Release);
+    let e = engine();
+    let started = e.started.fetch_add(0, Ordering::Release);
+    // After the RMW above: a grace period that sees this count go up may
+    // start, this cookie is `started + 1` for it (`gather`).
+    // ordering-audit: Relaxed: a hint for `gather`, ordering nothing.
+    e.cookies.fetch_add(1, Ordering::Relaxed);
     // mutant engine_late_join: a grace period already in flight (or done)
     // counts for a switch that set ATOMIC after it started.
     if cfg!(percpu_ref_mutant = "engine_late_join") {
@@ -283,7 +291,9 @@ pub(crate) fn cookie() -> u64 {
 /// The kernel refused the grace period; nothing was waited for.
 pub(crate) fn synchronize(cookie: u64) -> std::io::Result<()> {
     let e = engine();
-    if e.completed.load(Ordering::Acquire) >= cookie {
+    // mutant engine_no_sharing: every waiter runs a grace period of its own.
+    let shared = cfg!(not(percpu_ref_mutant = "engine_no_sharing"));
+    if shared && e.completed.load(Ordering::Acquire) >= cookie {
         return Ok(());
     }
     // mutant engine_wait_in_flight: a grace period that started (but may not
@@ -292,10 +302,19 @@ pub(crate) fn synchronize(cookie: u64) -> std::io::Result<()> {
     if e.started.load(Ordering::Acquire) >= cookie {
         return Ok(());
     }
-    let _gp = sync::lock(&e.gp);
-    if e.completed.load(Ordering::Acquire) >= cookie {
+    let (_gp, contended) = match sync::try_lock(&e.gp) {
+        Some(gp) => (gp, false),
+        None => (sync::lock(&e.gp), true),
+    };
+    if shared && e.completed.load(Ordering::Acquire) >= cookie {
         return Ok(());
     }
+    #[cfg(not(loom))]
+    if contended {
+        gather(e);
+    }
+    #[cfg(loom)]
+    let _ = contended;
     // Acquire: every switch whose cookie RMW came before this one set ATOMIC
     // before this grace period.
     let s = e.started.fetch_add(1, Ordering::Acquire) + 1;
@@ -306,6 +325,32 @@ pub(crate) fn synchronize(cookie: u64) -> std::io::Result<()> {
     e.completed.store(s, Ordering::Release);
     Ok(())
 }
+
+/// Before a grace period that had to wait for another one: gives the
+/// switches that the previous grace period just completed a moment
+/// ([`GATHER`]) to come back with their next switch and take a cookie that
+/// this grace period covers, instead of each waiting for one of its own.
+/// Without it, two threads killing in a loop alternate perfectly (each
+/// arrives while the other's grace period runs, and needs the next one),
+/// and no grace period is ever shared. Never taken by a lone switcher.
+#[cfg(not(loom))]
+fn gather(e: &Engine) {
+    let seen = e.cookies.load(Ordering::Relaxed);
+    let start = std::time::Instant::now();
+    // ordering-audit: Relaxed: only a hint to stop waiting; the cookie's own
+    // RMW on `started` is what orders its switch before this grace period.
+    while e.cookies.load(Ordering::Relaxed) == seen && start.elapsed() < GATHER {
+        std::hint::spin_loop();
+    }
+}
+
+/// How long a contended grace period waits for more switches to join it:
+/// a few times a switch's own work between two grace periods (the sum,
+/// fold, puts and the next switch's first steps, about 1-2 us), and about
+/// what the membarrier it may save costs when another CPU runs one of our
+/// threads (4-9 us).
+#[cfg(not(loom))]
+const GATHER: std::time::Duration = std::time::Duration::from_micros(5);
 
 /// A synchronous switch's grace period: it set `ATOMIC` before calling.
 pub(crate) fn synchronize_after_store() -> std::io::Result<()> {
@@ -460,6 +505,12 @@ pub(crate) fn wait_until(mut pending: impl FnMut(&Done) -> bool) {
             d = sync::wait(&e.done_cv, d);
         }
     }
+}
+
+/// Under loom: the grace periods started so far.
+#[cfg(loom)]
+pub(crate) fn started() -> u64 {
+    engine().started.load(Ordering::SeqCst)
 }
 
 /// Under loom: one engine step on the calling thread (see

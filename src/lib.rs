@@ -152,9 +152,9 @@
 //! | `percpu_ref_put` / `_put_many` | [`put`](PercpuRef::put) / [`put_many`](PercpuRef::put_many) | last put runs `release` |
 //! | `percpu_ref_tryget` / `_tryget_many` | [`tryget`](PercpuRef::tryget) / [`tryget_many`](PercpuRef::tryget_many) | fails only at zero |
 //! | `percpu_ref_tryget_live` | [`tryget_live`](PercpuRef::tryget_live) | fails once dead |
-//! | `percpu_ref_kill` | [`kill`](PercpuRef::kill) | synchronous |
-//! | `percpu_ref_kill_and_confirm` | [`kill_and_confirm`](PercpuRef::kill_and_confirm) | `confirm` has run on return |
-//! | `percpu_ref_switch_to_atomic` | [`switch_to_atomic_and_confirm`](PercpuRef::switch_to_atomic_and_confirm) | sticky |
+//! | `percpu_ref_kill` | [`kill`](PercpuRef::kill); [`kill_deferred`](PercpuRef::kill_deferred) | synchronous; or asynchronous on a pinned ref (the grace-period engine completes it) |
+//! | `percpu_ref_kill_and_confirm` | [`kill_and_confirm`](PercpuRef::kill_and_confirm); [`kill_and_confirm_deferred`](PercpuRef::kill_and_confirm_deferred) | `confirm` has run on return; or runs on the engine thread |
+//! | `percpu_ref_switch_to_atomic` | [`switch_to_atomic_and_confirm`](PercpuRef::switch_to_atomic_and_confirm); [`switch_to_atomic_and_confirm_deferred`](PercpuRef::switch_to_atomic_and_confirm_deferred) | sticky |
 //! | `percpu_ref_switch_to_atomic_sync` | [`switch_to_atomic`](PercpuRef::switch_to_atomic) | also [`switch_to_atomic_sync`](PercpuRef::switch_to_atomic_sync) |
 //! | `percpu_ref_switch_to_percpu` | [`switch_to_percpu`](PercpuRef::switch_to_percpu) | needs `ALLOW_REINIT` |
 //! | `percpu_ref_reinit` | [`reinit`](PercpuRef::reinit) | count must be zero |
@@ -162,6 +162,7 @@
 //! | `percpu_ref_is_zero` | [`is_zero`](PercpuRef::is_zero) | |
 //! | `percpu_ref_is_dying` | [`is_dying`](PercpuRef::is_dying) | |
 //! | `__ref_is_percpu` | [`is_percpu`](PercpuRef::is_percpu) | |
+//! | `rcu_barrier` (after kills) | [`flush`] | every deferred switch queued before it has completed |
 //!
 //! Where the kernel only warns on misuse, this crate returns an [`Error`]
 //! and changes nothing (double kill, resurrect when not dead, reinit with a
@@ -312,5 +313,11 @@ pub mod __loom_engine {
     )]
     pub fn step() -> bool {
         crate::grace::loom_step()
+    }
+
+    /// How many grace periods have started in this execution.
+    #[must_use]
+    pub fn grace_periods() -> u64 {
+        crate::grace::started()
     }
 }

@@ -51,7 +51,6 @@ pub(crate) fn wait<'a, T>(cv: &Condvar, g: MutexGuard<'a, T>) -> MutexGuard<'a, 
 }
 
 /// Tries to lock `m` without blocking, ignoring poisoning (as [`lock`]).
-#[cfg(feature = "css")]
 pub(crate) fn try_lock<T>(m: &Mutex<T>) -> Option<MutexGuard<'_, T>> {
     match m.try_lock() {
         Ok(g) => Some(g),

@@ -412,3 +412,146 @@ fn is_send_and_sync() {
     check::<PercpuRef>();
     check::<Error>();
 }
+
+// ----- deferred switches (issue 12) -------------------------------------------
+//
+// Small enough for Miri, which runs them on the sharded backend with the
+// engine thread.
+
+#[test]
+fn kill_deferred_returns_dying_and_the_engine_completes_it() {
+    let (r, rel) = counted(InitFlags::empty());
+    let r = Box::pin(r);
+    r.get();
+    r.as_ref().kill_deferred().unwrap();
+    assert!(r.is_dying() && !r.is_percpu(), "dying and atomic on return");
+    assert!(!r.tryget_live());
+    assert!(r.tryget(), "tryget works until zero");
+    r.put();
+    assert_eq!(
+        r.as_ref().kill_deferred(),
+        Err(Error::AlreadyDead {
+            op: "kill_deferred"
+        })
+    );
+    assert!(matches!(r.kill(), Err(Error::AlreadyDead { .. })));
+    percpu_ref::flush();
+    assert_eq!(r.atomic_count(), Some(1), "the base reference was put");
+    assert_eq!(rel.load(SeqCst), 0);
+    r.put();
+    assert_eq!(rel.load(SeqCst), 1);
+}
+
+#[test]
+fn deferred_confirm_runs_on_the_engine_thread_before_release() {
+    let order = Arc::new(Mutex::new(Vec::new()));
+    let o = order.clone();
+    let r = Box::pin(PercpuRef::new(move |_| o.lock().unwrap().push("release")));
+    let o = order.clone();
+    r.as_ref()
+        .kill_and_confirm_deferred(move |r| {
+            assert!(!r.tryget_live());
+            let name = std::thread::current().name().map(str::to_owned);
+            o.lock()
+                .unwrap()
+                .push(if name.as_deref() == Some("percpu-ref-gp") {
+                    "confirm on percpu-ref-gp"
+                } else {
+                    "confirm elsewhere"
+                });
+        })
+        .unwrap();
+    percpu_ref::flush();
+    assert_eq!(
+        *order.lock().unwrap(),
+        ["confirm on percpu-ref-gp", "release"]
+    );
+}
+
+#[test]
+fn a_deferred_switch_then_switch_to_percpu_waits_for_it() {
+    let (r, rel) = counted(InitFlags::ALLOW_REINIT);
+    let r = std::pin::pin!(r);
+    r.get_many(3);
+    r.as_ref().switch_to_atomic_deferred();
+    assert!(!r.is_percpu());
+    r.switch_to_percpu().unwrap(); // waits for the engine
+    assert!(r.is_percpu());
+    r.put_many(3);
+    r.kill().unwrap();
+    assert_eq!(rel.load(SeqCst), 1);
+}
+
+#[test]
+fn a_panicking_deferred_confirm_does_not_stop_the_engine() {
+    let (r, rel) = counted(InitFlags::empty());
+    let r = Box::pin(r);
+    r.as_ref()
+        .kill_and_confirm_deferred(|_| panic!("confirm panics on purpose"))
+        .unwrap();
+    percpu_ref::flush();
+    assert_eq!(rel.load(SeqCst), 1, "the kill completed anyway");
+    let (r2, rel2) = counted(InitFlags::empty());
+    let r2 = Box::pin(r2);
+    r2.as_ref().kill_deferred().unwrap();
+    percpu_ref::flush();
+    assert_eq!(rel2.load(SeqCst), 1, "the engine goes on");
+}
+
+#[test]
+fn dropping_a_ref_right_after_its_deferred_kill_waits_for_the_engine() {
+    let confirmed = Arc::new(AtomicUsize::new(0));
+    let (r, rel) = counted(InitFlags::empty());
+    let r = Box::pin(r);
+    let c = confirmed.clone();
+    r.as_ref()
+        .kill_and_confirm_deferred(move |_| {
+            c.fetch_add(1, SeqCst);
+        })
+        .unwrap();
+    drop(r);
+    assert_eq!((confirmed.load(SeqCst), rel.load(SeqCst)), (1, 1));
+}
+
+#[test]
+fn a_release_on_the_engine_may_drop_its_own_ref() {
+    static SLOT: Mutex<Option<std::pin::Pin<Box<PercpuRef>>>> = Mutex::new(None);
+    static DROPPED: AtomicUsize = AtomicUsize::new(0);
+    let r = Box::pin(PercpuRef::new(|_| {
+        let mine = SLOT.lock().unwrap().take();
+        drop(mine); // the ref being completed: its Drop must not wait
+        DROPPED.fetch_add(1, SeqCst);
+    }));
+    let p: *const PercpuRef = &*r;
+    *SLOT.lock().unwrap() = Some(r);
+    // SAFETY: the ref lives in SLOT, pinned, until its release drops it.
+    let r = unsafe { std::pin::Pin::new_unchecked(&*p) };
+    r.kill_deferred().unwrap();
+    percpu_ref::flush();
+    assert_eq!(DROPPED.load(SeqCst), 1);
+    assert!(SLOT.lock().unwrap().is_none());
+}
+
+#[test]
+fn a_switch_of_the_same_ref_from_a_deferred_confirm_is_refused() {
+    let (r, rel) = counted(InitFlags::empty());
+    let r = Box::pin(r);
+    let msg = Arc::new(Mutex::new(String::new()));
+    let m = msg.clone();
+    r.as_ref()
+        .kill_and_confirm_deferred(move |r| {
+            let e = catch_unwind(AssertUnwindSafe(|| {
+                let _ = r.resurrect();
+            }))
+            .expect_err("a switch of the same ref from its confirm must panic");
+            *m.lock().unwrap() = e.downcast_ref::<String>().cloned().unwrap_or_default();
+        })
+        .unwrap();
+    percpu_ref::flush();
+    let msg = msg.lock().unwrap();
+    assert!(
+        msg.contains("resurrect") && msg.contains("same ref"),
+        "{msg}"
+    );
+    assert_eq!(rel.load(SeqCst), 1);
+}

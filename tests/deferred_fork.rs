@@ -1,0 +1,186 @@
+//! The grace-period engine across `fork` (issue 12).
+//!
+//! `fork_during_a_stream_of_deferred_kills`: threads kill refs with the
+//! deferred API (and drop them, which waits for the engine) while the main
+//! thread forks again and again. The fork handlers wait for a batch in
+//! flight and hold the engine's locks across the fork, so each child finds
+//! them free; its engine thread is gone and must restart on the child's
+//! first deferred kill or flush. The child kills refs of its own (rseq and
+//! sharded), flushes, and checks every confirm and release ran; it must
+//! neither hang nor fail. The parent's stream must finish exactly too.
+//!
+//! `fork_from_a_deferred_confirm`: a confirm running on the engine thread
+//! forks. The prepare handler must not wait for the batch in flight (its
+//! own), and the child, whose only thread is the engine in the middle of
+//! that batch, must be able to queue and exit.
+#![cfg(all(unix, not(miri)))]
+
+use percpu_ref::{Backend, InitFlags, PercpuRef};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::SeqCst};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// A child does milliseconds of work; far more means it hangs.
+const CHILD_TIMEOUT: Duration = Duration::from_secs(10);
+const FORKS: usize = if cfg!(debug_assertions) { 10 } else { 40 };
+
+/// Waits for child `pid` at most `timeout`; its wait status, or `None` if
+/// it was still running (it is then killed and reaped).
+fn wait_or_kill(pid: libc::pid_t, timeout: Duration) -> Option<libc::c_int> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        let mut status = 0;
+        // SAFETY: waits for our own child without blocking.
+        let r = unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) };
+        assert!(r >= 0, "waitpid: {}", std::io::Error::last_os_error());
+        if r == pid {
+            return Some(status);
+        }
+        if Instant::now() >= deadline {
+            // SAFETY: kills and reaps our own child.
+            unsafe {
+                libc::kill(pid, libc::SIGKILL);
+                libc::waitpid(pid, &mut status, 0);
+            }
+            return None;
+        }
+        std::thread::sleep(Duration::from_micros(500));
+    }
+}
+
+fn backends() -> Vec<Backend> {
+    let mut b = vec![Backend::Sharded];
+    if Backend::Rseq.is_available() {
+        b.push(Backend::Rseq);
+    }
+    b
+}
+
+/// Kills `n` fresh refs on `backend` with the deferred API, dropping each
+/// at once (waits for the engine); returns (confirms, releases).
+fn kill_and_drop(n: usize, backend: Backend) -> (usize, usize) {
+    let confirms = Arc::new(AtomicUsize::new(0));
+    let releases = Arc::new(AtomicUsize::new(0));
+    for i in 0..n {
+        let rel = releases.clone();
+        let r = Box::pin(
+            PercpuRef::with_backend(
+                move |_| {
+                    rel.fetch_add(1, SeqCst);
+                },
+                InitFlags::empty(),
+                backend,
+            )
+            .unwrap(),
+        );
+        r.get();
+        let c = confirms.clone();
+        r.as_ref()
+            .kill_and_confirm_deferred(move |_| {
+                c.fetch_add(1, SeqCst);
+            })
+            .unwrap();
+        r.put();
+        if i % 2 == 0 {
+            drop(r); // waits for the engine
+        } else {
+            percpu_ref::flush();
+        }
+    }
+    (confirms.load(SeqCst), releases.load(SeqCst))
+}
+
+/// The child's work: exits 0 when every check held.
+fn child() -> i32 {
+    for b in backends() {
+        // Queued without a flush first: the engine must restart by itself.
+        let pending = Box::pin(PercpuRef::with_backend(|_| {}, InitFlags::empty(), b).unwrap());
+        pending.as_ref().kill_deferred().unwrap();
+        drop(pending);
+        if kill_and_drop(50, b) != (50, 50) {
+            return 2;
+        }
+    }
+    0
+}
+
+#[test]
+fn fork_during_a_stream_of_deferred_kills() {
+    let stop = Arc::new(AtomicBool::new(false));
+    let streams: Vec<_> = backends()
+        .into_iter()
+        .map(|b| {
+            let stop = stop.clone();
+            std::thread::spawn(move || {
+                let mut total = 0;
+                while !stop.load(SeqCst) {
+                    let (c, r) = kill_and_drop(100, b);
+                    assert_eq!((c, r), (100, 100), "{b}: the parent's stream lost a switch");
+                    total += 100;
+                }
+                total
+            })
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(10));
+    let mut failures = Vec::new();
+    for i in 0..FORKS {
+        // SAFETY: the child runs this crate's code (whose locks are taken
+        // around the fork by its handlers) and std allocation, then
+        // `_exit`s without unwinding.
+        let pid = unsafe { libc::fork() };
+        assert!(pid >= 0, "fork: {}", std::io::Error::last_os_error());
+        if pid == 0 {
+            let code = std::panic::catch_unwind(child).unwrap_or(3);
+            // SAFETY: ends the child without the parent's atexit handlers.
+            unsafe { libc::_exit(code) };
+        }
+        match wait_or_kill(pid, CHILD_TIMEOUT) {
+            Some(st) if libc::WIFEXITED(st) && libc::WEXITSTATUS(st) == 0 => {}
+            Some(st) => failures.push(format!(
+                "child {i}: wait status {st:#x} (exit 2: a confirm or release missing, 3: panic)"
+            )),
+            None => failures.push(format!("child {i} hung for {CHILD_TIMEOUT:?}")),
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    stop.store(true, SeqCst);
+    let kills: usize = streams.into_iter().map(|s| s.join().unwrap()).sum();
+    assert!(failures.is_empty(), "{failures:?}");
+    assert!(kills > 0);
+    eprintln!("{FORKS} forks during {kills} deferred kills");
+}
+
+#[test]
+fn fork_from_a_deferred_confirm() {
+    let child_status = Arc::new(AtomicUsize::new(usize::MAX));
+    let r = Box::pin(PercpuRef::new(|_| {}));
+    let status = child_status.clone();
+    r.as_ref()
+        .kill_and_confirm_deferred(move |_| {
+            // SAFETY: the child (the engine thread alone) queues a kill of
+            // a ref of its own and leaves with `_exit`.
+            let pid = unsafe { libc::fork() };
+            assert!(pid >= 0, "fork: {}", std::io::Error::last_os_error());
+            if pid == 0 {
+                let ok = std::panic::catch_unwind(|| {
+                    let r = Box::pin(PercpuRef::new(|_| {}));
+                    r.as_ref().kill_deferred().unwrap();
+                    std::mem::forget(r); // its completion would need this very thread
+                })
+                .is_ok();
+                // SAFETY: as above.
+                unsafe { libc::_exit(if ok { 0 } else { 1 }) };
+            }
+            let st = wait_or_kill(pid, CHILD_TIMEOUT).map_or(999, |st| st as usize);
+            status.store(st, SeqCst);
+        })
+        .unwrap();
+    percpu_ref::flush();
+    let st = child_status.load(SeqCst);
+    assert_eq!(
+        st, 0,
+        "the child forked from a confirm failed or hung (status {st:#x})"
+    );
+    assert!(r.is_zero());
+}
