@@ -299,6 +299,7 @@ pub(crate) fn synchronize(cookie: u64) -> std::io::Result<()> {
     // mutant engine_wait_in_flight: a grace period that started (but may not
     // have passed every CPU yet) counts as done.
     #[cfg(percpu_ref_mutant = "engine_wait_in_flight")]
+    // ordering-audit: mutant only (not built otherwise).
     if e.started.load(Ordering::Acquire) >= cookie {
         return Ok(());
     }
@@ -487,9 +488,12 @@ pub(crate) fn dropped_by_release() -> bool {
 
 /// Waits until `pending(&done)` is false, re-checking whenever a batch
 /// finishes (the engine clears a ref's pending bit before it signals the
-/// end of its batch).
+/// end of its batch). Hurries the engine first: someone waits, so the
+/// queue is taken without the gathering delay (and the engine is started
+/// if it is not running, as in a child after `fork`).
 pub(crate) fn wait_until(mut pending: impl FnMut(&Done) -> bool) {
     let e = engine();
+    hurry(e);
     let mut d = sync::lock(&e.done);
     while pending(&d) {
         #[cfg(loom)]
@@ -510,6 +514,8 @@ pub(crate) fn wait_until(mut pending: impl FnMut(&Done) -> bool) {
 /// Under loom: the grace periods started so far.
 #[cfg(loom)]
 pub(crate) fn started() -> u64 {
+    // ordering-audit: kept: a model's check after joining its threads
+    // (which orders everything already); not part of the protocol.
     engine().started.load(Ordering::SeqCst)
 }
 
@@ -571,24 +577,30 @@ pub fn flush() {
          would wait for itself"
     );
     let e = engine();
-    let ticket = {
-        let mut q = sync::lock(&e.queue);
-        if !q.entries.is_empty() {
-            q.urgent = true;
-            #[cfg(not(loom))]
-            if q.running {
-                // Also while it gathers: `urgent` ends the wait.
-                q.sleeping = false;
-                e.work.notify_one();
-            } else {
-                start_engine(&mut q);
-            }
-        }
-        q.queued
-    };
-    #[cfg(not(loom))]
-    complete_inline_if_any();
+    let ticket = sync::lock(&e.queue).queued;
     wait_until(|d| d.finished < ticket);
+}
+
+/// Someone waits for the queue: take it without gathering, and start the
+/// engine if it is not running.
+fn hurry(e: &Engine) {
+    let mut q = sync::lock(&e.queue);
+    if q.entries.is_empty() {
+        return;
+    }
+    q.urgent = true;
+    #[cfg(not(loom))]
+    {
+        if q.running {
+            // Also while it gathers: `urgent` ends the wait.
+            q.sleeping = false;
+            e.work.notify_one();
+        } else {
+            start_engine(&mut q);
+        }
+        drop(q);
+        complete_inline_if_any();
+    }
 }
 
 // ----- the engine thread -------------------------------------------------------------

@@ -859,6 +859,7 @@ impl PercpuRef {
         };
         #[cfg(percpu_ref_mutant = "engine_dead_late")]
         if kill {
+            // ordering-audit: mutant only.
             r.mode.fetch_or(MODE_DEAD, Ordering::Relaxed);
         }
         let sum = r.counters.sum_after_grace_period();
@@ -901,7 +902,12 @@ impl PercpuRef {
         // The engine's last access to the ref (module `grace`, invariant 4).
         // Release: pairs with `is_pending`'s acquire, so everything done to
         // the ref here happens before a waiter's next switch or free.
+        #[cfg(not(percpu_ref_mutant = "engine_pending_clear_relaxed"))]
         r.mode.fetch_and(!MODE_PENDING, Ordering::Release);
+        // mutant engine_pending_clear_relaxed: clear the pending bit without
+        // release.
+        #[cfg(percpu_ref_mutant = "engine_pending_clear_relaxed")]
+        r.mode.fetch_and(!MODE_PENDING, Ordering::Relaxed);
     }
 
     // ----- mode switches ----------------------------------------------------

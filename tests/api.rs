@@ -513,7 +513,12 @@ fn dropping_a_ref_right_after_its_deferred_kill_waits_for_the_engine() {
     assert_eq!((confirmed.load(SeqCst), rel.load(SeqCst)), (1, 1));
 }
 
+/// Not under Miri: the `&PercpuRef` that `release` receives is a live
+/// (protected) borrow while the release runs, so freeing the ref inside it
+/// is outside Rust's aliasing rules whatever the engine does; what this
+/// checks is that the engine neither deadlocks nor touches the ref again.
 #[test]
+#[cfg_attr(miri, ignore = "frees the ref during its own release call")]
 fn a_release_on_the_engine_may_drop_its_own_ref() {
     static SLOT: Mutex<Option<std::pin::Pin<Box<PercpuRef>>>> = Mutex::new(None);
     static DROPPED: AtomicUsize = AtomicUsize::new(0);
