@@ -39,8 +39,11 @@
 //! 2. **Synchronous callers share grace periods** ([`synchronize`]): a
 //!    waiter returns at once if `completed` reached its cookie, else takes
 //!    the gp mutex, checks again (someone else's grace period may have
-//!    covered it while it waited) and only then runs one. Two threads
-//!    killing at once therefore often need one membarrier between them.
+//!    covered it while it waited), gathers for a few microseconds if it
+//!    had to wait (so that the threads whose grace period just ended can
+//!    join this one with their next switch) and only then runs one. A
+//!    switcher that finds no grace period running runs its own at once,
+//!    without a cookie (its store precedes it in program order).
 //! 3. **Deferred switches** ([`enqueue`]) go on a queue. The engine takes
 //!    the whole queue as one batch, then takes the batch's cookie (after
 //!    the take, so after every switch of the batch was queued), waits for
@@ -95,15 +98,19 @@
 //! not wait for its own batch: the child's only thread is then the engine
 //! itself, which finishes the batch there.
 //!
+//! Under Miri the thread ends whenever the queue is empty and whoever waits
+//! for the engine joins it (Miri requires every thread to have ended when
+//! `main` returns); the next deferred switch starts a new one.
+//!
 //! # Under loom
 //!
 //! There is no background thread: a model drives the engine with
-//! [`step`](crate::__loom_engine::step) from a loom thread, and `flush`
+//! `percpu_ref::__loom_engine::step()` from a loom thread, and `flush`
 //! runs steps itself. The engine's state is a `loom::lazy_static`, fresh
 //! for every execution.
 
 use crate::percpu_ref::PercpuRef;
-use crate::sync::{self, AtomicU64, Condvar, Mutex, Ordering};
+use crate::sync::{self, AtomicBool, AtomicU64, Condvar, Mutex, Ordering};
 use std::cell::Cell;
 
 /// The most a woken engine waits for more switches before running the
@@ -170,6 +177,9 @@ struct Queue {
     sleeping: bool,
     /// A flush waits: run the next batch without gathering.
     urgent: bool,
+    /// Under Miri, the engine thread, joined once it ended.
+    #[cfg(miri)]
+    handle: Option<std::thread::JoinHandle<()>>,
 }
 
 pub(crate) struct Done {
@@ -182,8 +192,10 @@ pub(crate) struct Done {
 struct Engine {
     started: AtomicU64,
     completed: AtomicU64,
-    /// Cookies taken (`gather`'s hint that a switch arrived).
+    /// Cookies taken while `gathering` (its hint that a switch arrived).
     cookies: AtomicU64,
+    /// A contended grace period waits for more switches (`gather`).
+    gathering: AtomicBool,
     /// Held while a grace period runs: they run one at a time, in order.
     gp: Mutex<()>,
     queue: Mutex<Queue>,
@@ -205,6 +217,7 @@ macro_rules! new_engine {
             started: AtomicU64::new(0),
             completed: AtomicU64::new(0),
             cookies: AtomicU64::new(0),
+            gathering: AtomicBool::new(false),
             gp: Mutex::new(()),
             queue: Mutex::new(Queue {
                 entries: Vec::new(),
@@ -212,6 +225,8 @@ macro_rules! new_engine {
                 running: false,
                 sleeping: false,
                 urgent: false,
+                #[cfg(miri)]
+                handle: None,
             }),
             work: Condvar::new(),
             done: Mutex::new(Done {
@@ -272,9 +287,13 @@ pub(crate) fn cookie() -> u64 {
     let e = engine();
     let started = e.started.fetch_add(0, Ordering::Release);
     // After the RMW above: a grace period that sees this count go up may
-    // start, this cookie is `started + 1` for it (`gather`).
-    // ordering-audit: Relaxed: a hint for `gather`, ordering nothing.
-    e.cookies.fetch_add(1, Ordering::Relaxed);
+    // start, this cookie is `started + 1` for it (`gather`). Only while one
+    // gathers: a lone switcher pays a load, not a second RMW.
+    // ordering-audit: Relaxed: hints for `gather`, ordering nothing.
+    if e.gathering.load(Ordering::Relaxed) {
+        // ordering-audit: Relaxed: as above.
+        e.cookies.fetch_add(1, Ordering::Relaxed);
+    }
     // mutant engine_late_join: a grace period already in flight (or done)
     // counts for a switch that set ATOMIC after it started.
     if cfg!(percpu_ref_mutant = "engine_late_join") {
@@ -316,6 +335,11 @@ pub(crate) fn synchronize(cookie: u64) -> std::io::Result<()> {
     }
     #[cfg(loom)]
     let _ = contended;
+    run_grace_period_locked(e)
+}
+
+/// Runs one grace period; the caller holds the gp mutex.
+fn run_grace_period_locked(e: &Engine) -> std::io::Result<()> {
     // Acquire: every switch whose cookie RMW came before this one set ATOMIC
     // before this grace period.
     let s = e.started.fetch_add(1, Ordering::Acquire) + 1;
@@ -336,13 +360,18 @@ pub(crate) fn synchronize(cookie: u64) -> std::io::Result<()> {
 /// and no grace period is ever shared. Never taken by a lone switcher.
 #[cfg(not(loom))]
 fn gather(e: &Engine) {
+    // ordering-audit: Relaxed: only hints; a switch that misses the flag
+    // just makes this wait the whole time. The cookie's own RMW on
+    // `started` is what orders its switch before this grace period.
+    e.gathering.store(true, Ordering::Relaxed);
     let seen = e.cookies.load(Ordering::Relaxed);
     let start = std::time::Instant::now();
-    // ordering-audit: Relaxed: only a hint to stop waiting; the cookie's own
-    // RMW on `started` is what orders its switch before this grace period.
+    // ordering-audit: Relaxed: as above.
     while e.cookies.load(Ordering::Relaxed) == seen && start.elapsed() < GATHER {
         std::hint::spin_loop();
     }
+    // ordering-audit: Relaxed: as above.
+    e.gathering.store(false, Ordering::Relaxed);
 }
 
 /// How long a contended grace period waits for more switches to join it:
@@ -354,7 +383,17 @@ fn gather(e: &Engine) {
 const GATHER: std::time::Duration = std::time::Duration::from_micros(5);
 
 /// A synchronous switch's grace period: it set `ATOMIC` before calling.
+///
+/// When nobody runs a grace period, the caller runs its own at once: it
+/// starts after the caller's store (program order), so no cookie is
+/// needed, and a lone switcher pays three atomic RMWs over the
+/// `membarrier` (the gp mutex's lock and unlock, `started`). Otherwise it
+/// takes a cookie and waits, maybe sharing another's grace period.
 pub(crate) fn synchronize_after_store() -> std::io::Result<()> {
+    let e = engine();
+    if let Some(_gp) = sync::try_lock(&e.gp) {
+        return run_grace_period_locked(e);
+    }
     synchronize(cookie())
 }
 
@@ -509,6 +548,11 @@ pub(crate) fn wait_until(mut pending: impl FnMut(&Done) -> bool) {
             d = sync::wait(&e.done_cv, d);
         }
     }
+    #[cfg(miri)]
+    {
+        drop(d);
+        join_idle_engine(e);
+    }
 }
 
 /// Under loom: the grace periods started so far.
@@ -614,7 +658,16 @@ fn start_engine(q: &mut Queue) {
         .name("percpu-ref-gp".into())
         .spawn(engine_main);
     match spawned {
-        Ok(_) => q.running = true,
+        #[cfg_attr(not(miri), allow(unused_variables))]
+        Ok(handle) => {
+            q.running = true;
+            #[cfg(miri)]
+            if let Some(ended) = q.handle.replace(handle) {
+                // It gave up the queue and is ending: join it, so that no
+                // thread outlives `main`.
+                let _ = ended.join();
+            }
+        }
         Err(err) => {
             eprintln!(
                 "percpu_ref: cannot start the grace-period engine thread ({err}); completing \
@@ -646,8 +699,7 @@ pub(crate) fn complete_inline_if_any() {
 #[cfg(not(loom))]
 fn engine_main() {
     ON_ENGINE.with(|o| o.set(true));
-    loop {
-        let batch = wait_for_batch();
+    while let Some(batch) = wait_for_batch() {
         complete_batch(batch);
     }
 }
@@ -655,11 +707,19 @@ fn engine_main() {
 /// Sleeps until work is queued, gathers for up to [`BATCH_DELAY`] or until
 /// [`BATCH_FULL`] entries are queued (or a flush waits), and takes the
 /// queue.
+///
+/// Under Miri the thread ends instead of sleeping (`None`), and whoever
+/// waits for the engine joins it (`join_idle_engine`): Miri requires
+/// every thread to have ended when `main` returns.
 #[cfg(not(loom))]
-fn wait_for_batch() -> Batch {
+fn wait_for_batch() -> Option<Batch> {
     let e = engine();
     let mut q = sync::lock(&e.queue);
     while q.entries.is_empty() {
+        if cfg!(miri) {
+            q.running = false;
+            return None;
+        }
         q.sleeping = true;
         q = sync::wait(&e.work, q);
     }
@@ -676,7 +736,29 @@ fn wait_for_batch() -> Batch {
         };
     }
     q.urgent = false;
-    take_batch(&mut q)
+    Some(take_batch(&mut q))
+}
+
+/// Under Miri: once the queue is empty, waits for the engine thread to end
+/// and joins it (see [`wait_for_batch`]).
+#[cfg(miri)]
+fn join_idle_engine(e: &Engine) {
+    loop {
+        let mut q = sync::lock(&e.queue);
+        if !q.entries.is_empty() {
+            return; // more work: whoever queued it waits for it
+        }
+        if !q.running {
+            let handle = q.handle.take();
+            drop(q);
+            if let Some(h) = handle {
+                let _ = h.join();
+            }
+            return;
+        }
+        drop(q);
+        std::thread::yield_now();
+    }
 }
 
 // ----- fork ------------------------------------------------------------------------

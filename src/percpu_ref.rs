@@ -53,6 +53,18 @@
 //! record that the count reached zero, and the release runs after unlock.
 //! Calling a switch operation from inside `confirm` on the same ref would
 //! deadlock; it panics with a message instead.
+//!
+//! # Deferred switches
+//!
+//! `kill_deferred` and the other `_deferred` methods do steps 1 and 2 under
+//! the switch lock, mark the ref `MODE_PENDING`, drop the lock and queue
+//! the ref on the grace-period engine (`src/grace.rs`), which does steps
+//! 3-5 after a grace period shared by its whole batch. The pending bit is
+//! a switch in progress without the lock: every other switch of the ref
+//! (and its `Drop`) waits until the engine clears it, which is the
+//! engine's last access to the ref. The synchronous switches share grace
+//! periods too: step 3 waits for the first grace period that starts after
+//! their `ATOMIC` store, whoever runs it.
 
 use crate::atomic_mode::{AddOutcome, AtomicCount, Fold, PutOutcome, BIAS, MAX_COUNT};
 use crate::flags::{Error, InitFlags};

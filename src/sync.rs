@@ -10,8 +10,10 @@
 /// layer's block, see `owned::drop_unit`).
 #[cfg(loom)]
 pub(crate) use loom::cell::UnsafeCell;
+#[cfg(loom)]
+pub(crate) use loom::sync::atomic::AtomicBool;
 #[cfg(all(loom, feature = "css"))]
-pub(crate) use loom::sync::atomic::{AtomicBool, AtomicPtr};
+pub(crate) use loom::sync::atomic::AtomicPtr;
 #[cfg(loom)]
 pub(crate) use loom::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 #[cfg(loom)]
@@ -20,10 +22,12 @@ pub(crate) use loom::sync::{Condvar, Mutex, MutexGuard};
 pub(crate) use loom::thread_local;
 
 #[cfg(not(loom))]
+pub(crate) use std::sync::atomic::AtomicBool;
+#[cfg(not(loom))]
 pub(crate) use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-// Only the css model uses these.
+// Only the css model uses this.
 #[cfg(all(not(loom), feature = "css"))]
-pub(crate) use std::sync::atomic::{AtomicBool, AtomicPtr};
+pub(crate) use std::sync::atomic::AtomicPtr;
 #[cfg(not(loom))]
 pub(crate) use std::sync::{Condvar, Mutex, MutexGuard};
 #[cfg(not(loom))]
