@@ -326,7 +326,10 @@ pub(crate) fn synchronize(cookie: u64) -> std::io::Result<()> {
         Some(gp) => (gp, false),
         None => (sync::lock(&e.gp), true),
     };
-    if shared && e.completed.load(Ordering::Acquire) >= cookie {
+    // ordering-audit: Relaxed: read under the gp mutex, whose lock acquires
+    // what the last runner did before its unlock, its `completed` store
+    // included (the ordering audit found the acquire redundant here).
+    if shared && e.completed.load(Ordering::Relaxed) >= cookie {
         return Ok(());
     }
     #[cfg(not(loom))]
