@@ -1,0 +1,402 @@
+//! Kills at scale (issue 12): what a stream of kills costs the killing
+//! thread and the other CPUs, synchronous against deferred, in one run:
+//! `cargo run --release --example kills_at_scale [-- --help]`.
+//!
+//! One thread (the *killer*, pinned to the first allowed CPU) kills
+//! `--kills` refs one after another while a second thread (the *busy*
+//! one, pinned to the last allowed CPU) runs get + put on a ref of its own
+//! the whole time. Each row is measured `--reps` times, rows interleaved,
+//! and the median is shown:
+//!
+//! - **synchronous kill**: `PercpuRef::kill` on each ref; each returns once
+//!   its switch is complete (one grace period each, unless it shares one).
+//! - **deferred kill**: `kill_deferred` on each ref, then
+//!   `percpu_ref::flush()`. The rate is the killer's loop alone; the busy
+//!   thread's share covers the whole window until `flush` returned, so it
+//!   includes the engine's grace periods and completions.
+//! - **`Owner` drop**: dropping `--kills` `Owner<u64>`s (each drop is a
+//!   deferred kill; the value is dropped when the engine puts the last
+//!   reference), then `flush`, beside dropping as many `Arc<u64>`s and
+//!   beside what an `Owner` drop did before issue 12: a synchronous kill,
+//!   then the free (`Box<PercpuRef>` killed and dropped).
+//! - **two killers**: two threads, one per CPU, each doing `--kills / 2`
+//!   synchronous kills at once (no busy thread): concurrent synchronous
+//!   callers share grace periods, so there are fewer grace periods than
+//!   kills.
+//!
+//! Grace periods are counted with `percpu_ref::percpu::grace_periods()`
+//! (each one is a `membarrier` on the rseq backend). The busy thread's
+//! share is its get + put rate during the row's window over its rate in a
+//! window of the same length just before, with the killer idle.
+//!
+//! **Limits.** On the sharded backend there is no `membarrier`: every
+//! switch seals its own shards, and the rows show the engine's overhead
+//! alone. With one allowed CPU the killer and the busy thread share it,
+//! and the busy share mostly measures the scheduler. Timings are as noisy
+//! as the machine.
+
+#[path = "../benches/common/affinity.rs"]
+mod affinity;
+use clap::builder::RangedU64ValueParser;
+use clap::Parser;
+use percpu_ref::owned::Owner;
+use percpu_ref::percpu::grace_periods;
+use percpu_ref::{backend, flush, PercpuRef};
+use std::fmt::Write as _;
+use std::pin::Pin;
+use std::process::ExitCode;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::Relaxed};
+use std::sync::{Arc, Barrier};
+use std::time::{Duration, Instant};
+
+/// The issue's targets.
+const DEFERRED_RATE_TARGET: f64 = 5_000_000.0;
+const GP_PER_1000_TARGET: f64 = 1.0;
+const BUSY_SHARE_TARGET: f64 = 0.95;
+const OWNER_SPEEDUP_TARGET: f64 = 20.0;
+
+/// kills_at_scale: synchronous against deferred kills, with another CPU busy.
+///
+/// Prints one markdown table of medians with the targets of issue 12.
+#[derive(Parser, Debug)]
+#[command(
+    name = "kills_at_scale",
+    verbatim_doc_comment,
+    override_usage = "cargo run --release --example kills_at_scale -- [OPTIONS]",
+    after_help = "Progress goes to stderr. Exit status 2 means a bad option."
+)]
+struct Args {
+    /// Refs killed (or owners dropped) per row
+    #[arg(
+        long,
+        value_name = "N",
+        default_value_t = 20_000,
+        value_parser = RangedU64ValueParser::<usize>::new().range(2..=10_000_000)
+    )]
+    kills: usize,
+
+    /// Repetitions of every row; the median is shown
+    #[arg(
+        long,
+        value_name = "N",
+        default_value_t = 3,
+        value_parser = RangedU64ValueParser::<usize>::new().range(1..=100)
+    )]
+    reps: usize,
+}
+
+/// The busy thread: get + put on its own ref, counting pairs.
+struct Busy {
+    pairs: AtomicU64,
+    stop: AtomicBool,
+}
+
+impl Busy {
+    fn run(&self, cpu: usize) {
+        let _ = affinity::pin_to(cpu);
+        let r = PercpuRef::new(|_| {});
+        while !self.stop.load(Relaxed) {
+            for _ in 0..1024 {
+                r.get();
+                r.put();
+            }
+            self.pairs.fetch_add(1024, Relaxed);
+        }
+    }
+
+    /// Pairs per second over `f`, and what `f` returned.
+    fn rate_during<R>(&self, f: impl FnOnce() -> R) -> (f64, Duration, R) {
+        let p0 = self.pairs.load(Relaxed);
+        let t0 = Instant::now();
+        let out = f();
+        let dt = t0.elapsed();
+        let p1 = self.pairs.load(Relaxed);
+        ((p1 - p0) as f64 / dt.as_secs_f64(), dt, out)
+    }
+
+    /// Pairs per second over `d` with nothing else running here.
+    fn rate_alone(&self, d: Duration) -> f64 {
+        self.rate_during(|| std::thread::sleep(d)).0
+    }
+}
+
+/// One measurement of one row.
+#[derive(Clone, Copy, Default)]
+struct Sample {
+    /// Seconds of the killer's loop.
+    loop_s: f64,
+    /// Seconds until everything the loop queued was done (`flush`).
+    done_s: f64,
+    grace_periods: u64,
+    /// The busy thread's rate over the window, over its rate alone.
+    busy_share: f64,
+}
+
+/// `n` refs whose releases count into `released`.
+fn refs(n: usize, released: &Arc<AtomicUsize>) -> Vec<Pin<Box<PercpuRef>>> {
+    (0..n)
+        .map(|_| {
+            let released = released.clone();
+            Box::pin(PercpuRef::new(move |_| {
+                released.fetch_add(1, Relaxed);
+            }))
+        })
+        .collect()
+}
+
+/// Times `kill` over fresh refs (then `flush`), checking every ref released.
+fn kill_row(busy: &Busy, n: usize, kill: impl Fn(Pin<&PercpuRef>)) -> Sample {
+    let released = Arc::new(AtomicUsize::new(0));
+    let v = refs(n, &released);
+    let gp0 = grace_periods();
+    let (rate, done, loop_s) = busy.rate_during(|| {
+        let t0 = Instant::now();
+        for r in &v {
+            kill(r.as_ref());
+        }
+        let loop_s = t0.elapsed().as_secs_f64();
+        flush();
+        loop_s
+    });
+    let grace_periods = grace_periods() - gp0;
+    let alone = busy.rate_alone(done);
+    assert_eq!(released.load(Relaxed), n, "every killed ref released");
+    Sample {
+        loop_s,
+        done_s: done.as_secs_f64(),
+        grace_periods,
+        busy_share: rate / alone,
+    }
+}
+
+/// Times dropping `make`'s `n` values (then `flush`).
+fn drop_row<T>(busy: &Busy, n: usize, make: impl Fn() -> T) -> Sample {
+    let v: Vec<T> = (0..n).map(|_| make()).collect();
+    let gp0 = grace_periods();
+    let (rate, done, loop_s) = busy.rate_during(|| {
+        let t0 = Instant::now();
+        drop(v);
+        let loop_s = t0.elapsed().as_secs_f64();
+        flush();
+        loop_s
+    });
+    let grace_periods = grace_periods() - gp0;
+    let alone = busy.rate_alone(done);
+    Sample {
+        loop_s,
+        done_s: done.as_secs_f64(),
+        grace_periods,
+        busy_share: rate / alone,
+    }
+}
+
+/// Two threads, one per CPU, each killing `n / 2` refs synchronously.
+fn two_killers(cpus: &[usize], n: usize) -> Sample {
+    let released = Arc::new(AtomicUsize::new(0));
+    let halves = [refs(n / 2, &released), refs(n - n / 2, &released)];
+    let start = Barrier::new(2);
+    let gp0 = grace_periods();
+    let t0 = Instant::now();
+    std::thread::scope(|s| {
+        for (i, half) in halves.iter().enumerate() {
+            let (start, cpu) = (&start, cpus[i % cpus.len()]);
+            s.spawn(move || {
+                let _ = affinity::pin_to(cpu);
+                start.wait();
+                for r in half {
+                    r.kill().unwrap();
+                }
+            });
+        }
+    });
+    let loop_s = t0.elapsed().as_secs_f64();
+    assert_eq!(released.load(Relaxed), n, "every killed ref released");
+    Sample {
+        loop_s,
+        done_s: loop_s,
+        grace_periods: grace_periods() - gp0,
+        busy_share: f64::NAN,
+    }
+}
+
+/// The rows, in the order printed.
+const ROWS: [&str; 6] = [
+    "synchronous `kill`",
+    "`kill_deferred`, then `flush`",
+    "drop `Owner<u64>`, then `flush`",
+    "before issue 12's `Owner` drop: sync `kill`, then free",
+    "drop `Arc<u64>`",
+    "two threads, synchronous `kill`, at once",
+];
+
+/// Every row's samples, and the CPUs the process was allowed (read before
+/// this thread pins itself).
+fn measure(args: &Args) -> (Vec<Vec<Sample>>, Vec<usize>) {
+    let cpus = affinity::allowed_cpus();
+    let (killer_cpu, busy_cpu) = (cpus[0], *cpus.last().unwrap());
+    let n = args.kills;
+    let mut samples = vec![Vec::new(); ROWS.len()];
+    for rep in 0..args.reps {
+        eprintln!("kills_at_scale: rep {} of {}", rep + 1, args.reps);
+        let busy = Busy {
+            pairs: AtomicU64::new(0),
+            stop: AtomicBool::new(false),
+        };
+        std::thread::scope(|s| {
+            s.spawn(|| busy.run(busy_cpu));
+            let _ = affinity::pin_to(killer_cpu);
+            std::thread::sleep(Duration::from_millis(20)); // the busy loop warms up
+            samples[0].push(kill_row(&busy, n, |r| r.kill().unwrap()));
+            samples[1].push(kill_row(&busy, n, |r| r.kill_deferred().unwrap()));
+            samples[2].push(drop_row(&busy, n, || Owner::new(0u64)));
+            samples[3].push(drop_row(&busy, n, || {
+                let r = Box::pin(PercpuRef::new(|_| {}));
+                OldOwnerDrop(r)
+            }));
+            samples[4].push(drop_row(&busy, n, || Arc::new(0u64)));
+            busy.stop.store(true, Relaxed);
+        });
+        samples[5].push(two_killers(&cpus, n));
+    }
+    (samples, cpus)
+}
+
+/// What `Owner::drop` did before issue 12: a synchronous kill, then the
+/// free.
+struct OldOwnerDrop(Pin<Box<PercpuRef>>);
+
+impl Drop for OldOwnerDrop {
+    fn drop(&mut self) {
+        self.0.kill().unwrap();
+    }
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[(v.len() - 1) / 2]
+}
+
+fn verdict(met: bool) -> &'static str {
+    if met {
+        "yes"
+    } else {
+        "**no**"
+    }
+}
+
+fn report(args: &Args, samples: &[Vec<Sample>], cpus: &[usize]) -> String {
+    let n = args.kills;
+    let med = |row: usize, f: fn(&Sample) -> f64| median(samples[row].iter().map(f).collect());
+    let mut w = String::new();
+    let _ = writeln!(
+        w,
+        "## percpu-ref: kills at scale\n\n{} backend; {} allowed CPUs; {n} kills per row; \
+         median of {} runs.\n",
+        backend(),
+        cpus.len(),
+        args.reps
+    );
+    let _ = writeln!(
+        w,
+        "| | killer's loop | per second | until done | grace periods | per 1,000 | other CPU's get + put |"
+    );
+    let _ = writeln!(w, "|---|--:|--:|--:|--:|--:|--:|");
+    for (i, name) in ROWS.iter().enumerate() {
+        let loop_s = med(i, |s| s.loop_s);
+        let gps = med(i, |s| s.grace_periods as f64);
+        let share = med(i, |s| s.busy_share);
+        let _ = writeln!(
+            w,
+            "| {name} | {:.2} ms | {:.2} M/s | {:.2} ms | {gps:.0} | {:.2} | {} |",
+            loop_s * 1e3,
+            n as f64 / loop_s / 1e6,
+            med(i, |s| s.done_s) * 1e3,
+            gps * 1000.0 / n as f64,
+            if share.is_nan() {
+                "—".to_string()
+            } else {
+                format!("{:.1} %", share * 100.0)
+            },
+        );
+    }
+    let deferred_rate = n as f64 / med(1, |s| s.loop_s);
+    let deferred_gps = med(1, |s| s.grace_periods as f64) * 1000.0 / n as f64;
+    let deferred_share = med(1, |s| s.busy_share);
+    let owner_speedup = med(3, |s| s.done_s) / med(2, |s| s.done_s);
+    let two_gps = med(5, |s| s.grace_periods as f64);
+    let _ = writeln!(
+        w,
+        "\nTargets (issue 12):\n\n\
+         | target | measured | met |\n|---|--:|:-:|\n\
+         | deferred kills ≥ 5 M/s on the killing thread | {:.2} M/s | {} |\n\
+         | ≤ 1 grace period per 1,000 deferred kills | {deferred_gps:.2} | {} |\n\
+         | the other CPU keeps ≥ 95 % of its get + put while deferred kills are processed | {:.1} % | {} |\n\
+         | dropping {n} `Owner`s ≥ 20× faster than before (sync kill each), until done | {owner_speedup:.1}× | {} |\n\
+         | two threads of synchronous kills: fewer grace periods than kills | {two_gps:.0} < {n} | {} |",
+        deferred_rate / 1e6,
+        verdict(deferred_rate >= DEFERRED_RATE_TARGET),
+        verdict(deferred_gps <= GP_PER_1000_TARGET),
+        deferred_share * 100.0,
+        verdict(deferred_share >= BUSY_SHARE_TARGET),
+        verdict(owner_speedup >= OWNER_SPEEDUP_TARGET),
+        verdict(two_gps < n as f64),
+    );
+    let _ = writeln!(
+        w,
+        "\n\"until done\": the loop and then `flush()`, so every switch it queued has \
+         completed, its confirm has run and its ref released. \"Other CPU\": the busy \
+         thread's get + put rate during \"until done\" over its rate in as long a window \
+         with the killer idle. Grace periods: `percpu::grace_periods()` (one \
+         `membarrier` each on rseq)."
+    );
+    w
+}
+
+fn main() -> ExitCode {
+    let args = match Args::try_parse() {
+        Ok(a) => a,
+        Err(e) => {
+            let _ = e.print();
+            return ExitCode::from(u8::try_from(e.exit_code()).unwrap_or(2));
+        }
+    };
+    let t0 = Instant::now();
+    let (samples, cpus) = measure(&args);
+    print!("{}", report(&args, &samples, &cpus));
+    eprintln!(
+        "kills_at_scale: done in {:.1} s",
+        t0.elapsed().as_secs_f64()
+    );
+    ExitCode::SUCCESS
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn median_is_the_middle() {
+        assert_eq!(median(vec![3.0, 1.0, 2.0]), 2.0);
+        assert_eq!(median(vec![4.0, 1.0, 3.0, 2.0]), 2.0);
+    }
+
+    #[test]
+    fn a_tiny_run_counts_every_release_and_prints_every_row() {
+        let args =
+            Args::try_parse_from(["kills_at_scale", "--kills", "64", "--reps", "1"]).unwrap();
+        let (samples, cpus) = measure(&args);
+        assert!(samples.iter().all(|s| s.len() == 1));
+        let md = report(&args, &samples, &cpus);
+        for row in ROWS {
+            assert!(md.contains(row), "{row} missing from\n{md}");
+        }
+    }
+
+    #[test]
+    fn options_are_checked() {
+        assert!(Args::try_parse_from(["k", "--kills", "1"]).is_err());
+        assert!(Args::try_parse_from(["k", "--reps", "0"]).is_err());
+        let a = Args::try_parse_from(["k"]).unwrap();
+        assert_eq!((a.kills, a.reps), (20_000, 3));
+    }
+}
