@@ -301,6 +301,42 @@ impl<T> Inner<T> {
         sync::lock(&self.state).released
     }
 
+    /// Waits until the grace-period engine is done with a deferred kill of
+    /// this block's ref (at once if none is queued): from then on the last
+    /// put is made by a thread that drops a handle, never by the engine.
+    /// False, without waiting, on the engine thread while the kill is still
+    /// queued (it would wait for itself).
+    fn wait_engine_done(&self) -> bool {
+        if !self.pref.is_pending() {
+            return true;
+        }
+        if crate::grace::on_engine() {
+            return false;
+        }
+        crate::grace::wait_until(|_| self.pref.is_pending());
+        true
+    }
+
+    /// [`wait_released`](Self::wait_released) for a [`Killed`]: the
+    /// release may have to come from the grace-period engine.
+    ///
+    /// # Panics
+    ///
+    /// On the engine thread while this block's kill is still queued (the
+    /// engine would wait for itself).
+    fn wait_killed_released(&self, deadline: Option<Instant>, op: &str) -> bool {
+        assert!(
+            !(crate::grace::on_engine() && self.pref.is_pending()),
+            "owned::Killed::{op} called from a deferred confirm or release while its own kill \
+             is still queued: the grace-period engine would wait for itself"
+        );
+        // Under loom there is no engine thread: complete the queued kills
+        // (ours among them) before waiting for the last `Ref`.
+        #[cfg(loom)]
+        while crate::grace::loom_step() {}
+        self.wait_released(deadline)
+    }
+
     /// Drops `T` in place.
     ///
     /// # Safety
@@ -365,6 +401,15 @@ fn release_callback(e: Erased) -> impl Fn(&PercpuRef) + Send + Sync + 'static {
 ///
 /// `ptr` is a live `Inner<T>` whose percpu count just reached zero.
 unsafe fn release<T>(ptr: *const ()) {
+    // Run by the engine completing a deferred kill (its put was the last):
+    // no wrapper of ours is around that call, so the engine pays the unit
+    // once it no longer touches the ref (it may free the block).
+    // SAFETY: the block is live (the percpu count's unit); only the field's
+    // address is taken.
+    let pref = unsafe { std::ptr::addr_of!((*ptr.cast::<Inner<T>>()).pref) };
+    if crate::grace::completing(pref) {
+        crate::grace::after_completion(Box::new(settle_owed));
+    }
     let _owe = OnDrop(|| {
         owe_unit(Erased {
             ptr,
@@ -689,7 +734,16 @@ impl<T> Owner<T> {
 
     /// Kills the object: from now on [`Weak::tryget_live`] fails, and the
     /// returned [`Killed`] says when the last [`Ref`] is gone and hands `T`
-    /// back. Returns once the switch to atomic mode is complete.
+    /// back.
+    ///
+    /// Returns at once, without a system call: the object is dying when
+    /// this returns, and the switch to atomic mode completes on the
+    /// process's grace-period engine (the kernel's `percpu_ref_kill`; see
+    /// [`PercpuRef::kill_deferred`]), which then drops the owner's base
+    /// reference. Until then the object cannot be released, so
+    /// [`Killed::is_released`] stays false for up to about a millisecond
+    /// even when no [`Ref`] exists; [`Killed::wait`] and `.await` wait for
+    /// it, and [`crate::flush`] waits for every kill queued before it.
     ///
     /// # Examples
     ///
@@ -698,35 +752,59 @@ impl<T> Owner<T> {
     /// let owner = Owner::new(String::from("x"));
     /// let r = owner.get();
     /// let killed = owner.kill();
+    /// percpu_ref::flush(); // the kill is complete: only `r` holds the object
     /// assert!(!killed.is_released());
     /// let killed = killed.try_take().unwrap_err(); // still referenced
     /// drop(r);
     /// assert_eq!(killed.try_take().unwrap(), "x");
     /// ```
     ///
-    /// # Panics
-    ///
-    /// If the kernel refused the grace period
-    /// ([`Error::GracePeriodFailed`]): the
-    /// kill was undone, and the object stays alive for good (leaked, never
-    /// dropped), so existing references stay valid.
+    /// If the kernel refuses the grace period the kill needs (a seccomp
+    /// filter that blocks `membarrier`, on the rseq backend), the engine
+    /// reports it on stderr and retries every 10 ms: the object stays
+    /// dying, and a [`Killed::wait`] waits until a grace period passes.
     ///
     /// To get `T` back as `Arc::try_unwrap` or `Arc::into_inner` would, use
     /// the [`Killed`]: [`try_take`](Killed::try_take),
     /// [`wait`](Killed::wait), or `.await` it.
     pub fn kill(self) -> Killed<T> {
-        let mut this = ManuallyDrop::new(self);
-        match this.kill_in_place() {
-            Ok(k) => k,
-            Err(e) => panic!("owned::Owner::kill: {e}; the object is leaked"),
+        let this = ManuallyDrop::new(self);
+        // Frozen for good: already dead, released and claimed.
+        if !this.frozen {
+            sync::lock(&this.inner().state).claimed = true;
+            this.kill_deferred("owned::Owner::kill");
+        }
+        // The owner's unit becomes the `Killed`'s.
+        Killed {
+            inner: Some(this.inner),
+            _owns: PhantomData,
         }
     }
 
-    /// Kills and turns the owner's unit into the `Killed`'s; the caller must
-    /// not use `self` afterwards unless this fails (then nothing changed).
+    /// Kills through the grace-period engine (see [`kill`](Self::kill)).
+    fn kill_deferred(&self, op: &'static str) {
+        // The ref is percpu, so the engine completes the kill; were it
+        // atomic, the kill (and a release) would happen in the call, paid
+        // for on the way out as after a put.
+        let _settle = settle_guard();
+        // SAFETY: the block never moves and is freed only when its last
+        // unit goes (our unit is held across the call); its `PercpuRef`'s
+        // `Drop` then waits for the engine (module docs, *The grace-period
+        // engine*).
+        let killed = unsafe {
+            PercpuRef::kill_deferred_raw(std::ptr::addr_of!((*self.inner.as_ptr()).pref), None, op)
+        };
+        if let Err(e) = killed {
+            unreachable!("{op}: a live owner's ref was dead: {e}");
+        }
+    }
+
+    /// Kills synchronously and turns the owner's unit into the `Killed`'s;
+    /// the caller must not use `self` afterwards unless this fails (then
+    /// nothing changed).
     fn kill_in_place(&mut self) -> Result<Killed<T>, Error> {
         if !self.frozen {
-            self.kill_claimed("owned::Owner::kill")?;
+            self.kill_claimed("owned::Owner::drop")?;
         }
         // Frozen for good: already dead, released and claimed.
         Ok(Killed {
@@ -901,10 +979,31 @@ impl<T> Deref for Owner<T> {
 }
 
 impl<T> Drop for Owner<T> {
-    /// Kills, as `drop(owner.kill())`. If the kernel refuses the grace
-    /// period the object is leaked instead (never dropped, references stay
-    /// valid): a drop does not panic.
+    /// Kills, without taking `T` back.
+    ///
+    /// When `T` has no drop glue (`!mem::needs_drop::<T>()`), the kill is
+    /// deferred and the drop returns at once (see [`Owner::kill`]): the
+    /// thread that puts the last reference releases the object, maybe the
+    /// grace-period engine, where dropping `T` does nothing.
+    ///
+    /// Otherwise the kill is synchronous (a grace period, as
+    /// [`PercpuRef::kill`]), and `T` is dropped by the thread that drops
+    /// the last [`Ref`], this one if there is none: `T` need not be `Send`
+    /// or `'static`, so the engine thread must never drop it. If the kernel
+    /// refuses that grace period the object is leaked instead (never
+    /// dropped, references stay valid): a drop does not panic.
     fn drop(&mut self) {
+        // mutant owned_drop_deferred_always: drop-glue `T` is dropped by the
+        // engine thread too (after `Owner` drop returned).
+        let defer =
+            !std::mem::needs_drop::<T>() || cfg!(percpu_ref_mutant = "owned_drop_deferred_always");
+        if defer && !self.frozen {
+            self.kill_deferred("owned::Owner::drop");
+            // SAFETY: the owner's unit, given up: nothing of `self` is used
+            // after this.
+            unsafe { drop_unit::<T>(self.inner.as_ptr().cast_const().cast()) };
+            return;
+        }
         if let Ok(killed) = self.kill_in_place() {
             drop(killed);
         }
@@ -1598,7 +1697,7 @@ impl<T> Killed<T> {
     pub fn wait(self) -> T {
         let p = self.block_for("wait");
         // SAFETY: a `Killed` holds the owner side's unit.
-        unsafe { inner(p) }.wait_released(None);
+        unsafe { inner(p) }.wait_killed_released(None, "wait");
         self.take(p)
     }
 
@@ -1626,7 +1725,9 @@ impl<T> Killed<T> {
     pub fn wait_timeout(self, timeout: Duration) -> Result<T, Self> {
         let p = self.block_for("wait_timeout");
         // SAFETY: a `Killed` holds the owner side's unit.
-        if unsafe { inner(p) }.wait_released(Instant::now().checked_add(timeout)) {
+        if unsafe { inner(p) }
+            .wait_killed_released(Instant::now().checked_add(timeout), "wait_timeout")
+        {
             Ok(self.take(p))
         } else {
             Err(self)
@@ -1756,6 +1857,17 @@ impl<T> Drop for Killed<T> {
         let _unit = OnDrop(|| unsafe { drop_unit::<T>(ptr) });
         // SAFETY: the unit keeps the block alive.
         let inner = unsafe { inner(p) };
+        if std::mem::needs_drop::<T>() && !inner.wait_engine_done() {
+            // On the engine, inside another ref's confirm or release, while
+            // this kill waits in the engine's queue: waiting would deadlock,
+            // and unclaiming would let the engine drop `T`, which may be
+            // neither `Send` nor `'static`. `T` stays claimed: leaked.
+            eprintln!(
+                "percpu_ref: owned::Killed dropped on the grace-period engine while its own \
+                 kill was still queued; the value is leaked"
+            );
+            return;
+        }
         let mut s = sync::lock(&inner.state);
         // Nobody will poll again: do not keep the task alive until release.
         let waker = s.waker.take();
@@ -1944,6 +2056,39 @@ mod tests {
     }
 
     #[test]
+    fn owner_drop_of_a_value_without_drop_glue_is_deferred_and_frees_the_block() {
+        let _s = serial();
+        let before = live_blocks();
+        // No Ref, no Weak: the engine's put releases, and it alone can pay
+        // the count's unit, after it is done with the ref.
+        drop(Owner::new(1u64));
+        let o = Owner::new(2u64);
+        let w = o.downgrade();
+        let r = o.get();
+        drop(o);
+        assert!(w.tryget_live().is_none(), "dying once the drop returned");
+        crate::flush();
+        assert!(w.tryget().is_some(), "r still holds it");
+        drop(r);
+        assert!(w.tryget().is_none());
+        drop(w);
+        assert_eq!(live_blocks(), before, "every block freed, none twice");
+    }
+
+    #[test]
+    fn killed_of_a_value_with_drop_glue_dropped_at_once_drops_it_here() {
+        let _s = serial();
+        let before = live_blocks();
+        let (v, d) = tracked(6);
+        let o = Owner::new(v);
+        // Waits for the engine, which must not drop a `T` that may be
+        // neither `Send` nor `'static`: `T` goes on this thread.
+        drop(o.kill());
+        assert_eq!(drops(&d), 1);
+        assert_eq!(live_blocks(), before);
+    }
+
+    #[test]
     fn owner_drop_with_refs_last_ref_drops_value() {
         let _s = serial();
         let before = live_blocks();
@@ -2007,6 +2152,7 @@ mod tests {
         let o = Owner::new(v);
         let r = o.get();
         let k = o.kill();
+        crate::flush(); // the deferred kill is complete
         drop(r);
         assert!(k.is_released());
         assert_eq!(drops(&d), 0, "claimed: release must not drop T");
@@ -2022,6 +2168,7 @@ mod tests {
         let w = o.downgrade();
         let r = w.tryget_live().expect("live");
         let k = o.kill();
+        crate::flush(); // the deferred kill is complete
         assert!(w.tryget_live().is_none());
         let r2 = w.tryget().expect("dying but referenced");
         drop(r);
@@ -2189,6 +2336,7 @@ mod tests {
         let w = o.downgrade();
         let p = Ref::into_raw(o.get());
         let k = o.kill();
+        crate::flush(); // the deferred kill is complete
         assert!(!k.is_released(), "the raw reference still counts");
         assert!(
             w.tryget().is_some(),
@@ -2234,6 +2382,7 @@ mod tests {
         let o = Owner::new(v);
         let r = o.get();
         let mut k = o.kill();
+        crate::flush(); // the deferred kill is complete
         let wakes = Arc::new(CountWakes(StdAtomicUsize::new(0)));
         let waker = Waker::from(wakes.clone());
         let mut cx = Context::from_waker(&waker);
