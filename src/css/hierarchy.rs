@@ -562,7 +562,7 @@ impl Inner {
         }
     }
 
-    fn keep_orphan(&self, p: Payload) {
+    pub(crate) fn keep_orphan(&self, p: Payload) {
         let mut slot = sync::lock(&self.orphan_panic);
         if slot.is_none() {
             *slot = Some(p);
@@ -1161,6 +1161,10 @@ impl Hierarchy {
     }
 
     fn flush_inner(&self, caught: &mut CallbackPanics) -> bool {
+        // Every kill queued so far completes (its confirm queued the offline
+        // work, a release it caused was handed on) before the queue is
+        // looked at.
+        crate::flush();
         for attempt in 0..20_000u32 {
             let mut g = self.inner.cgroup_lock("flush");
             self.inner.drain_locked(&mut g.panics);
