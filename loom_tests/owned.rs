@@ -333,6 +333,9 @@ fn killed_future_wakes_after_last_ref_drop() {
         let owner = Owner::new(v);
         let r = owner.get();
         let mut killed = owner.kill();
+        // The engine completes the kill (puts the base reference): the
+        // future then waits for `r` alone.
+        percpu_ref::flush();
         let t = thread::spawn(move || {
             assert_eq!(r.read(), 60);
             drop(r);

@@ -33,8 +33,9 @@
 //!   up cleanly when references do not drain.
 //!
 //! Plain `Arc<T>` is the better choice when clones are rare or the object
-//! is never killed: a `PercpuRef` costs per-CPU storage and a synchronous
-//! switch (a grace period) to kill.
+//! is never killed: a `PercpuRef` costs per-CPU storage and a switch to
+//! atomic mode (a grace period, shared with every kill queued in the same
+//! millisecond; see *The grace-period engine*) to kill.
 //!
 //! # Examples
 //!
@@ -115,7 +116,8 @@
 //! | `Arc::downgrade` | [`Owner::downgrade`], [`Ref::downgrade`] |
 //! | `Weak::upgrade` | [`Weak::tryget`] (alive or dying); [`Weak::tryget_live`] (not killed) |
 //! | `Weak::new` | [`Weak::new`] |
-//! | `Arc::try_unwrap`, `Arc::into_inner` | [`Owner::kill`], then [`Killed::try_take`], [`Killed::wait`] or `.await` |
+//! | `Arc::try_unwrap`, `Arc::into_inner` | [`Owner::kill`] (returns at once; the grace-period engine completes the kill), then [`Killed::try_take`], [`Killed::wait`] or `.await` |
+//! | dropping the last `Arc` | dropping the [`Owner`] kills: deferred (returns at once) when `T` has no drop glue, else a synchronous kill (one grace period) so that `T` is dropped by a user thread |
 //! | `Arc::get_mut` | [`Owner::freeze_timeout`] with a zero timeout; [`Owner::freeze`] waits |
 //! | `Arc::as_ptr`, `into_raw`, `from_raw` | [`Ref::as_ptr`], [`Ref::into_raw`], [`Ref::from_raw`]; [`Weak::as_ptr`] |
 //! | `Arc::ptr_eq` | [`Ref::ptr_eq`], [`Weak::ptr_eq`] |
@@ -150,6 +152,39 @@
 //! the percpu count its allocation unit back (the release of the previous
 //! life dropped it).
 //!
+//! # The grace-period engine
+//!
+//! [`Owner::kill`] (and the drop of an `Owner` whose `T` has no drop glue)
+//! kills with the kernel's asynchronous `percpu_ref_kill`
+//! ([`PercpuRef::kill_deferred`]): the ref is dead when it returns, and the
+//! process's grace-period engine (a background thread) later completes the
+//! switch and puts the base reference, so the engine may make the last
+//! put. The block is heap-allocated and never moves, which is what the
+//! deferred kill needs of a ref (`Pin`'s guarantee); three rules keep it
+//! alive for as long as the engine uses its ref:
+//!
+//! - While the kill is queued the engine holds a temporary reference, so
+//!   the count cannot reach zero, the percpu count keeps its allocation
+//!   unit, and the block cannot be freed.
+//! - When the engine's own put releases, `release` runs inside the
+//!   engine's call, with the ref (and the running release closure, stored
+//!   in it) borrowed: the unit it owes is paid by the engine once it no
+//!   longer touches the ref (`grace::after_completion`), never inside.
+//! - When another thread's put releases while the engine is still between
+//!   its put and its last store to the ref, that thread may free the block:
+//!   the `PercpuRef`'s `Drop` then waits for the engine, which runs no user
+//!   code there, so it cannot wait for that thread. The freeing thread is
+//!   never the engine itself: the engine completes one ref at a time, so
+//!   code it runs for another ref (a confirm, a release, a value's drop)
+//!   only sees refs whose completion is over.
+//!
+//! The engine never drops a `T` that has drop glue: `T` need be neither
+//! `Send` nor `'static`, and the engine's put is not bound by `T`'s
+//! lifetime. So an `Owner` of such a `T` is dropped with a synchronous kill
+//! (as before: `T` goes on this thread or with the last [`Ref`]), and a
+//! [`Killed`] dropped before its kill completed waits for the engine (about
+//! a millisecond) before it lets go of `T`.
+//!
 //! # Invariants
 //!
 //! 1. `T` is alive whenever the percpu count is above zero; the count is
@@ -178,10 +213,14 @@
 //!   reference, `T` counts as dropped, and the block is still freed with
 //!   its last unit (`Arc` leaks it).
 //! - If the kernel refuses the grace period a kill needs (a seccomp filter
-//!   that blocks `membarrier`, on the rseq backend), [`Owner::kill`] and
-//!   [`Owner::freeze`] panic and dropping an [`Owner`] leaks the object:
-//!   the kill is undone, so every reference stays valid, but `T` is never
-//!   dropped.
+//!   that blocks `membarrier`, on the rseq backend): [`Owner::kill`]
+//!   returns as usual and the engine reports the refusal on stderr and
+//!   retries every 10 ms, so the object stays dying (no new live
+//!   references) and is released once a grace period passes; an `Owner`
+//!   dropped with a deferred kill does the same. The synchronous kills
+//!   cannot wait like that: [`Owner::freeze`] panics, and dropping an
+//!   `Owner` whose `T` has drop glue leaks the object (the kill is undone,
+//!   so every reference stays valid, but `T` is never dropped).
 //! - Leaking a [`Frozen`] guard (`mem::forget`) leaves the object frozen
 //!   for good: [`Owner::get`] then panics, lookups fail, and `T` is dropped
 //!   with the owner.
@@ -833,6 +872,11 @@ impl<T> Owner<T> {
     /// returns a guard that gives `&mut T`. Dropping the guard unfreezes:
     /// the object is live and in percpu mode again.
     ///
+    /// The kill is synchronous (its own grace period, shared with those of
+    /// concurrent synchronous kills), not deferred: a freeze blocks anyway,
+    /// and waiting for the engine's batching (up to a millisecond) would
+    /// only add to it.
+    ///
     /// While frozen, [`Weak::tryget`] and [`Weak::tryget_live`] fail. While
     /// draining, `tryget_live` fails but `tryget` can still succeed (and
     /// then delays the freeze).
@@ -1434,6 +1478,7 @@ impl<T> Weak<T> {
     /// assert!(w.tryget_live().is_none());
     /// assert!(w.tryget().is_some()); // dying, not yet released
     /// drop(r);
+    /// percpu_ref::flush(); // the kill completed: the base reference is put
     /// assert!(w.tryget().is_none()); // released
     /// assert_eq!(killed.wait(), 1);
     /// ```
@@ -1463,9 +1508,10 @@ impl<T> Weak<T> {
     /// let o = Owner::new(1);
     /// let w = o.downgrade();
     /// let r = o.get();
-    /// drop(o); // killed, but `r` keeps it
+    /// drop(o); // killed (deferred: `i32` has no drop glue), but `r` keeps it
     /// assert_eq!(*w.tryget().unwrap(), 1);
-    /// drop(r); // released: `T` is dropped
+    /// percpu_ref::flush(); // the kill completed: the base reference is put
+    /// drop(r); // released
     /// assert!(w.tryget().is_none());
     /// ```
     #[inline]
@@ -1562,7 +1608,11 @@ impl<T> fmt::Debug for Weak<T> {
 /// take `T` back, or drop this to let the last `Ref` drop `T`.
 ///
 /// Dropping a `Killed` before release leaves `T` to the thread that drops
-/// the last reference; dropping it after release drops `T` here.
+/// the last reference; dropping it after release drops `T` here. The kill
+/// completes on the grace-period engine (see [`Owner::kill`]), whose put of
+/// the base reference may be the last: a `Killed` of a `T` with drop glue
+/// dropped before that waits for it (about a millisecond), so that `T` is
+/// dropped here, never on the engine thread.
 ///
 /// # As a future
 ///
@@ -1660,6 +1710,7 @@ impl<T> Killed<T> {
     /// let o = Owner::new(1);
     /// let r = o.get();
     /// let k = o.kill();
+    /// percpu_ref::flush(); // the kill completed: only `r` holds the object
     /// assert!(!k.is_released());
     /// drop(r);
     /// assert!(k.is_released());
@@ -1720,6 +1771,7 @@ impl<T> Killed<T> {
     /// let r = o.get();
     /// let k = o.kill().wait_timeout(Duration::from_millis(1)).unwrap_err();
     /// drop(r);
+    /// percpu_ref::flush(); // the engine's put of the base reference
     /// assert_eq!(k.wait_timeout(Duration::ZERO).unwrap(), 1);
     /// ```
     pub fn wait_timeout(self, timeout: Duration) -> Result<T, Self> {
@@ -1757,6 +1809,7 @@ impl<T> Killed<T> {
     /// let r = o.get();
     /// let k = o.kill().try_take().unwrap_err();
     /// drop(r);
+    /// percpu_ref::flush(); // the engine's put of the base reference
     /// assert_eq!(k.try_take().unwrap(), 1);
     /// ```
     #[doc(alias = "try_unwrap", alias = "into_inner")]

@@ -116,6 +116,8 @@ impl CssPtr {
 /// assert_eq!(css.state(), CssState::Online);
 /// let more = css.get_many(3); // css_get_many
 /// h.rmdir(&a).unwrap();
+/// assert!(css.is_dying() && css.tryget_online().is_none()); // at once
+/// percpu_ref::flush(); // the kill completed: its confirm offlined the css
 /// assert_eq!(css.state(), CssState::Offline); // references still held
 /// assert!(css.tryget_online().is_none());
 /// assert!(css.tryget().is_some()); // the count is not zero yet
