@@ -503,8 +503,10 @@ unsafe fn drop_unit<T>(ptr: *const ()) {
         drop(unsafe { Box::from_raw(p) });
         #[cfg(all(test, not(loom)))]
         tests::LIVE_BLOCKS.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+        // ordering-audit: Relaxed: a count that models read after joining
+        // every thread.
         #[cfg(loom)]
-        loom_live_blocks().fetch_sub(1, Ordering::SeqCst);
+        loom_live_blocks().fetch_sub(1, Ordering::Relaxed);
     }
 }
 
@@ -524,7 +526,9 @@ fn loom_live_blocks() -> &'static AtomicUsize {
 #[doc(hidden)]
 #[must_use]
 pub fn __loom_live_blocks() -> usize {
-    loom_live_blocks().load(Ordering::SeqCst)
+    // ordering-audit: Relaxed: read after joining every thread that
+    // allocated or freed.
+    loom_live_blocks().load(Ordering::Relaxed)
 }
 
 #[cfg(not(loom))]
@@ -606,8 +610,10 @@ fn alloc<T>(value: T, backend: Backend) -> Result<NonNull<Inner<T>>, Error> {
     }
     #[cfg(all(test, not(loom)))]
     tests::LIVE_BLOCKS.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    // ordering-audit: Relaxed: a count that models read after joining every
+    // thread.
     #[cfg(loom)]
-    loom_live_blocks().fetch_add(1, Ordering::SeqCst);
+    loom_live_blocks().fetch_add(1, Ordering::Relaxed);
     // SAFETY: `Box::into_raw` never returns null.
     Ok(unsafe { NonNull::new_unchecked(slot) })
 }

@@ -794,10 +794,13 @@ pub(crate) fn kill_css(p: CssPtr) {
 fn css_killed_ref_fn(p: CssPtr) {
     // SAFETY: the kill holds the base and the extra reference.
     let css = unsafe { p.get() };
-    // AcqRel: the engine's decrement races with the children's offline
-    // work (under cgroup_mutex); whoever reaches zero queues the offline,
-    // after what the others did before their decrements.
-    let last = css.online_cnt.fetch_sub(1, Ordering::AcqRel) == 1;
+    // ordering-audit: Relaxed: this decrement (on the engine) races with the
+    // children's offline work (under cgroup_mutex), but it orders nothing:
+    // whoever reaches zero queues an offline that runs under cgroup_mutex,
+    // after every child's offline section in the mutex's order (a section
+    // that came after it would happen before the queueing, hence before the
+    // decrement that reached zero, against the RMWs' order).
+    let last = css.online_cnt.fetch_sub(1, Ordering::Relaxed) == 1;
     // mutant css_no_online_cnt: offline at once, whatever the children.
     if last || cfg!(percpu_ref_mutant = "css_no_online_cnt") {
         let hier = hier_of(css).clone();
@@ -839,9 +842,9 @@ fn css_killed_work_fn(mut p: CssPtr, panics: &mut CallbackPanics) {
         // SAFETY: the child we just offlined pins its parent until it is
         // freed, and frees run under cgroup_mutex, which we hold.
         let parent_css = unsafe { pp.get() };
-        // AcqRel: races with the parent's confirm on the engine (see
-        // `css_killed_ref_fn`).
-        if parent_css.online_cnt.fetch_sub(1, Ordering::AcqRel) != 1 {
+        // ordering-audit: Relaxed: races with the parent's confirm on the
+        // engine, ordering nothing (see `css_killed_ref_fn`).
+        if parent_css.online_cnt.fetch_sub(1, Ordering::Relaxed) != 1 {
             return;
         }
         p = pp;
