@@ -122,6 +122,38 @@ fn ref_drop_races_owner_drop() {
     });
 }
 
+/// An `Owner` of a value without drop glue is dropped with a deferred kill
+/// while the last `Ref` is dropped on another thread and the engine
+/// completes the kill on a third: whichever put is last, the object is
+/// released once and the block freed once, after every holder's last
+/// access (the block's loom-only `freed` cell) and after the engine's
+/// (the ref's `Drop` waits for it; the engine pays a unit its release
+/// owes only once it is done). Catches a release on the engine that pays
+/// its unit inside the engine's call, or never.
+#[test]
+fn deferred_owner_drop_races_ref_drop_and_engine() {
+    check(2, || {
+        let owner = Owner::new(5u64);
+        let r = owner.get();
+        let w = owner.downgrade();
+        let t = thread::spawn(move || {
+            assert_eq!(*r, 5);
+            drop(r);
+        });
+        drop(owner);
+        assert!(w.tryget_live().is_none(), "dying once the drop returned");
+        let engine = thread::spawn(|| {
+            percpu_ref::__loom_engine::step();
+        });
+        t.join().unwrap();
+        engine.join().unwrap();
+        percpu_ref::flush();
+        assert!(w.tryget().is_none(), "not released");
+        drop(w);
+        assert_eq!(percpu_ref::owned::__loom_live_blocks(), 0, "a block leaked");
+    });
+}
+
 /// The last `Ref`'s drop races dropping the `Killed` (no waiter): the hand
 /// over of `T` under the state lock drops it exactly once.
 #[test]
@@ -333,6 +365,9 @@ fn killed_future_wakes_after_last_ref_drop() {
         let owner = Owner::new(v);
         let r = owner.get();
         let mut killed = owner.kill();
+        // The engine completes the kill (puts the base reference): the
+        // future then waits for `r` alone.
+        percpu_ref::flush();
         let t = thread::spawn(move || {
             assert_eq!(r.read(), 60);
             drop(r);

@@ -266,6 +266,10 @@ macro_rules! engine_thread_locals {
             static COMPLETING: Cell<usize> = $($init)* { Cell::new(0) };
             /// That ref was dropped by its own release.
             static DROPPED: Cell<bool> = $($init)* { Cell::new(false) };
+            /// Work its confirm or release left for after the engine's last
+            /// access to the ref ([`after_completion`]).
+            static AFTER: std::cell::RefCell<Vec<After>> =
+                $($init)* { std::cell::RefCell::new(Vec::new()) };
         }
     };
 }
@@ -491,6 +495,45 @@ fn complete(entry: Entry) {
     // through `dropped_by_release`.
     unsafe { PercpuRef::complete_deferred(entry.r.0, entry.kill, entry.confirm) };
     COMPLETING.with(|c| c.set(0));
+    run_after_completion();
+}
+
+/// Work that a deferred `confirm` or `release` hands to the engine for
+/// after its last access to the ref (see [`after_completion`]).
+pub(crate) type After = Box<dyn FnOnce()>;
+
+/// Runs `f` on this thread once the engine is done with the ref whose
+/// deferred switch it is completing (after the store that clears
+/// `MODE_PENDING`), before the next ref of the batch. For a layer whose
+/// `release`, run by the engine, must free the memory that holds the ref
+/// (the owned layer's block, a css): freeing it inside `release` would pull
+/// it from under the engine's borrow of the ref (and the running release
+/// closure's own), and no other thread may know it is free to go.
+///
+/// # Panics
+///
+/// When this thread is not completing a deferred switch (a confirm or
+/// release run inline runs inside its caller, which settles itself).
+pub(crate) fn after_completion(f: After) {
+    assert!(
+        COMPLETING.with(Cell::get) != 0,
+        "grace::after_completion outside a deferred completion"
+    );
+    AFTER.with(|a| a.borrow_mut().push(f));
+}
+
+/// Runs the work [`after_completion`] queued for the ref just completed; a
+/// panic is reported, as one of `confirm` or `release`, and the rest runs.
+fn run_after_completion() {
+    let work = AFTER.with(|a| std::mem::take(&mut *a.borrow_mut()));
+    for f in work {
+        if std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).is_err() {
+            eprintln!(
+                "percpu_ref: grace-period engine: work a deferred confirm or release left for \
+                 after its completion panicked"
+            );
+        }
+    }
 }
 
 /// Counts `n` more entries finished and wakes everyone waiting on the

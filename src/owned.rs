@@ -33,8 +33,9 @@
 //!   up cleanly when references do not drain.
 //!
 //! Plain `Arc<T>` is the better choice when clones are rare or the object
-//! is never killed: a `PercpuRef` costs per-CPU storage and a synchronous
-//! switch (a grace period) to kill.
+//! is never killed: a `PercpuRef` costs per-CPU storage and a switch to
+//! atomic mode (a grace period, shared with every kill queued in the same
+//! millisecond; see *The grace-period engine*) to kill.
 //!
 //! # Examples
 //!
@@ -115,7 +116,8 @@
 //! | `Arc::downgrade` | [`Owner::downgrade`], [`Ref::downgrade`] |
 //! | `Weak::upgrade` | [`Weak::tryget`] (alive or dying); [`Weak::tryget_live`] (not killed) |
 //! | `Weak::new` | [`Weak::new`] |
-//! | `Arc::try_unwrap`, `Arc::into_inner` | [`Owner::kill`], then [`Killed::try_take`], [`Killed::wait`] or `.await` |
+//! | `Arc::try_unwrap`, `Arc::into_inner` | [`Owner::kill`] (returns at once; the grace-period engine completes the kill), then [`Killed::try_take`], [`Killed::wait`] or `.await` |
+//! | dropping the last `Arc` | dropping the [`Owner`] kills: deferred (returns at once) when `T` has no drop glue, else a synchronous kill (one grace period) so that `T` is dropped by a user thread |
 //! | `Arc::get_mut` | [`Owner::freeze_timeout`] with a zero timeout; [`Owner::freeze`] waits |
 //! | `Arc::as_ptr`, `into_raw`, `from_raw` | [`Ref::as_ptr`], [`Ref::into_raw`], [`Ref::from_raw`]; [`Weak::as_ptr`] |
 //! | `Arc::ptr_eq` | [`Ref::ptr_eq`], [`Weak::ptr_eq`] |
@@ -150,6 +152,39 @@
 //! the percpu count its allocation unit back (the release of the previous
 //! life dropped it).
 //!
+//! # The grace-period engine
+//!
+//! [`Owner::kill`] (and the drop of an `Owner` whose `T` has no drop glue)
+//! kills with the kernel's asynchronous `percpu_ref_kill`
+//! ([`PercpuRef::kill_deferred`]): the ref is dead when it returns, and the
+//! process's grace-period engine (a background thread) later completes the
+//! switch and puts the base reference, so the engine may make the last
+//! put. The block is heap-allocated and never moves, which is what the
+//! deferred kill needs of a ref (`Pin`'s guarantee); three rules keep it
+//! alive for as long as the engine uses its ref:
+//!
+//! - While the kill is queued the engine holds a temporary reference, so
+//!   the count cannot reach zero, the percpu count keeps its allocation
+//!   unit, and the block cannot be freed.
+//! - When the engine's own put releases, `release` runs inside the
+//!   engine's call, with the ref (and the running release closure, stored
+//!   in it) borrowed: the unit it owes is paid by the engine once it no
+//!   longer touches the ref (`grace::after_completion`), never inside.
+//! - When another thread's put releases while the engine is still between
+//!   its put and its last store to the ref, that thread may free the block:
+//!   the `PercpuRef`'s `Drop` then waits for the engine, which runs no user
+//!   code there, so it cannot wait for that thread. The freeing thread is
+//!   never the engine itself: the engine completes one ref at a time, so
+//!   code it runs for another ref (a confirm, a release, a value's drop)
+//!   only sees refs whose completion is over.
+//!
+//! The engine never drops a `T` that has drop glue: `T` need be neither
+//! `Send` nor `'static`, and the engine's put is not bound by `T`'s
+//! lifetime. So an `Owner` of such a `T` is dropped with a synchronous kill
+//! (as before: `T` goes on this thread or with the last [`Ref`]), and a
+//! [`Killed`] dropped before its kill completed waits for the engine (about
+//! a millisecond) before it lets go of `T`.
+//!
 //! # Invariants
 //!
 //! 1. `T` is alive whenever the percpu count is above zero; the count is
@@ -178,10 +213,14 @@
 //!   reference, `T` counts as dropped, and the block is still freed with
 //!   its last unit (`Arc` leaks it).
 //! - If the kernel refuses the grace period a kill needs (a seccomp filter
-//!   that blocks `membarrier`, on the rseq backend), [`Owner::kill`] and
-//!   [`Owner::freeze`] panic and dropping an [`Owner`] leaks the object:
-//!   the kill is undone, so every reference stays valid, but `T` is never
-//!   dropped.
+//!   that blocks `membarrier`, on the rseq backend): [`Owner::kill`]
+//!   returns as usual and the engine reports the refusal on stderr and
+//!   retries every 10 ms, so the object stays dying (no new live
+//!   references) and is released once a grace period passes; an `Owner`
+//!   dropped with a deferred kill does the same. The synchronous kills
+//!   cannot wait like that: [`Owner::freeze`] panics, and dropping an
+//!   `Owner` whose `T` has drop glue leaks the object (the kill is undone,
+//!   so every reference stays valid, but `T` is never dropped).
 //! - Leaking a [`Frozen`] guard (`mem::forget`) leaves the object frozen
 //!   for good: [`Owner::get`] then panics, lookups fail, and `T` is dropped
 //!   with the owner.
@@ -301,6 +340,42 @@ impl<T> Inner<T> {
         sync::lock(&self.state).released
     }
 
+    /// Waits until the grace-period engine is done with a deferred kill of
+    /// this block's ref (at once if none is queued): from then on the last
+    /// put is made by a thread that drops a handle, never by the engine.
+    /// False, without waiting, on the engine thread while the kill is still
+    /// queued (it would wait for itself).
+    fn wait_engine_done(&self) -> bool {
+        if !self.pref.is_pending() {
+            return true;
+        }
+        if crate::grace::on_engine() {
+            return false;
+        }
+        crate::grace::wait_until(|_| self.pref.is_pending());
+        true
+    }
+
+    /// [`wait_released`](Self::wait_released) for a [`Killed`]: the
+    /// release may have to come from the grace-period engine.
+    ///
+    /// # Panics
+    ///
+    /// On the engine thread while this block's kill is still queued (the
+    /// engine would wait for itself).
+    fn wait_killed_released(&self, deadline: Option<Instant>, op: &str) -> bool {
+        assert!(
+            !(crate::grace::on_engine() && self.pref.is_pending()),
+            "owned::Killed::{op} called from a deferred confirm or release while its own kill \
+             is still queued: the grace-period engine would wait for itself"
+        );
+        // Under loom there is no engine thread: complete the queued kills
+        // (ours among them) before waiting for the last `Ref`.
+        #[cfg(loom)]
+        while crate::grace::loom_step() {}
+        self.wait_released(deadline)
+    }
+
     /// Drops `T` in place.
     ///
     /// # Safety
@@ -365,6 +440,18 @@ fn release_callback(e: Erased) -> impl Fn(&PercpuRef) + Send + Sync + 'static {
 ///
 /// `ptr` is a live `Inner<T>` whose percpu count just reached zero.
 unsafe fn release<T>(ptr: *const ()) {
+    // Run by the engine completing a deferred kill (its put was the last):
+    // no wrapper of ours is around that call, so the engine pays the unit
+    // once it no longer touches the ref (it may free the block).
+    // SAFETY: the block is live (the percpu count's unit); only the field's
+    // address is taken.
+    let pref = unsafe { std::ptr::addr_of!((*ptr.cast::<Inner<T>>()).pref) };
+    // mutant owned_engine_unit_unpaid: nobody pays the unit a release on
+    // the engine owes (the block leaks).
+    let pay = cfg!(not(percpu_ref_mutant = "owned_engine_unit_unpaid"));
+    if pay && crate::grace::completing(pref) {
+        crate::grace::after_completion(Box::new(settle_owed));
+    }
     let _owe = OnDrop(|| {
         owe_unit(Erased {
             ptr,
@@ -416,7 +503,32 @@ unsafe fn drop_unit<T>(ptr: *const ()) {
         drop(unsafe { Box::from_raw(p) });
         #[cfg(all(test, not(loom)))]
         tests::LIVE_BLOCKS.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+        // ordering-audit: Relaxed: a count that models read after joining
+        // every thread.
+        #[cfg(loom)]
+        loom_live_blocks().fetch_sub(1, Ordering::Relaxed);
     }
+}
+
+/// Under loom: blocks allocated and not yet freed in this execution (a
+/// block whose last unit is never paid is a leak no loom check sees).
+#[cfg(loom)]
+fn loom_live_blocks() -> &'static AtomicUsize {
+    loom::lazy_static! {
+        static ref LIVE: AtomicUsize = AtomicUsize::new(0);
+    }
+    &LIVE
+}
+
+/// Under loom: the blocks allocated and not yet freed in this execution,
+/// for models that check every block is freed.
+#[cfg(loom)]
+#[doc(hidden)]
+#[must_use]
+pub fn __loom_live_blocks() -> usize {
+    // ordering-audit: Relaxed: read after joining every thread that
+    // allocated or freed.
+    loom_live_blocks().load(Ordering::Relaxed)
 }
 
 #[cfg(not(loom))]
@@ -498,6 +610,10 @@ fn alloc<T>(value: T, backend: Backend) -> Result<NonNull<Inner<T>>, Error> {
     }
     #[cfg(all(test, not(loom)))]
     tests::LIVE_BLOCKS.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    // ordering-audit: Relaxed: a count that models read after joining every
+    // thread.
+    #[cfg(loom)]
+    loom_live_blocks().fetch_add(1, Ordering::Relaxed);
     // SAFETY: `Box::into_raw` never returns null.
     Ok(unsafe { NonNull::new_unchecked(slot) })
 }
@@ -689,7 +805,16 @@ impl<T> Owner<T> {
 
     /// Kills the object: from now on [`Weak::tryget_live`] fails, and the
     /// returned [`Killed`] says when the last [`Ref`] is gone and hands `T`
-    /// back. Returns once the switch to atomic mode is complete.
+    /// back.
+    ///
+    /// Returns at once, without a system call: the object is dying when
+    /// this returns, and the switch to atomic mode completes on the
+    /// process's grace-period engine (the kernel's `percpu_ref_kill`; see
+    /// [`PercpuRef::kill_deferred`]), which then drops the owner's base
+    /// reference. Until then the object cannot be released, so
+    /// [`Killed::is_released`] stays false for up to about a millisecond
+    /// even when no [`Ref`] exists; [`Killed::wait`] and `.await` wait for
+    /// it, and [`crate::flush`] waits for every kill queued before it.
     ///
     /// # Examples
     ///
@@ -698,35 +823,59 @@ impl<T> Owner<T> {
     /// let owner = Owner::new(String::from("x"));
     /// let r = owner.get();
     /// let killed = owner.kill();
+    /// percpu_ref::flush(); // the kill is complete: only `r` holds the object
     /// assert!(!killed.is_released());
     /// let killed = killed.try_take().unwrap_err(); // still referenced
     /// drop(r);
     /// assert_eq!(killed.try_take().unwrap(), "x");
     /// ```
     ///
-    /// # Panics
-    ///
-    /// If the kernel refused the grace period
-    /// ([`Error::GracePeriodFailed`]): the
-    /// kill was undone, and the object stays alive for good (leaked, never
-    /// dropped), so existing references stay valid.
+    /// If the kernel refuses the grace period the kill needs (a seccomp
+    /// filter that blocks `membarrier`, on the rseq backend), the engine
+    /// reports it on stderr and retries every 10 ms: the object stays
+    /// dying, and a [`Killed::wait`] waits until a grace period passes.
     ///
     /// To get `T` back as `Arc::try_unwrap` or `Arc::into_inner` would, use
     /// the [`Killed`]: [`try_take`](Killed::try_take),
     /// [`wait`](Killed::wait), or `.await` it.
     pub fn kill(self) -> Killed<T> {
-        let mut this = ManuallyDrop::new(self);
-        match this.kill_in_place() {
-            Ok(k) => k,
-            Err(e) => panic!("owned::Owner::kill: {e}; the object is leaked"),
+        let this = ManuallyDrop::new(self);
+        // Frozen for good: already dead, released and claimed.
+        if !this.frozen {
+            sync::lock(&this.inner().state).claimed = true;
+            this.kill_deferred("owned::Owner::kill");
+        }
+        // The owner's unit becomes the `Killed`'s.
+        Killed {
+            inner: Some(this.inner),
+            _owns: PhantomData,
         }
     }
 
-    /// Kills and turns the owner's unit into the `Killed`'s; the caller must
-    /// not use `self` afterwards unless this fails (then nothing changed).
+    /// Kills through the grace-period engine (see [`kill`](Self::kill)).
+    fn kill_deferred(&self, op: &'static str) {
+        // The ref is percpu, so the engine completes the kill; were it
+        // atomic, the kill (and a release) would happen in the call, paid
+        // for on the way out as after a put.
+        let _settle = settle_guard();
+        // SAFETY: the block never moves and is freed only when its last
+        // unit goes (our unit is held across the call); its `PercpuRef`'s
+        // `Drop` then waits for the engine (module docs, *The grace-period
+        // engine*).
+        let killed = unsafe {
+            PercpuRef::kill_deferred_raw(std::ptr::addr_of!((*self.inner.as_ptr()).pref), None, op)
+        };
+        if let Err(e) = killed {
+            unreachable!("{op}: a live owner's ref was dead: {e}");
+        }
+    }
+
+    /// Kills synchronously and turns the owner's unit into the `Killed`'s;
+    /// the caller must not use `self` afterwards unless this fails (then
+    /// nothing changed).
     fn kill_in_place(&mut self) -> Result<Killed<T>, Error> {
         if !self.frozen {
-            self.kill_claimed("owned::Owner::kill")?;
+            self.kill_claimed("owned::Owner::drop")?;
         }
         // Frozen for good: already dead, released and claimed.
         Ok(Killed {
@@ -754,6 +903,11 @@ impl<T> Owner<T> {
     /// Freezes the object: kills it, waits until every [`Ref`] is gone, and
     /// returns a guard that gives `&mut T`. Dropping the guard unfreezes:
     /// the object is live and in percpu mode again.
+    ///
+    /// The kill is synchronous (its own grace period, shared with those of
+    /// concurrent synchronous kills), not deferred: a freeze blocks anyway,
+    /// and waiting for the engine's batching (up to a millisecond) would
+    /// only add to it.
     ///
     /// While frozen, [`Weak::tryget`] and [`Weak::tryget_live`] fail. While
     /// draining, `tryget_live` fails but `tryget` can still succeed (and
@@ -901,10 +1055,31 @@ impl<T> Deref for Owner<T> {
 }
 
 impl<T> Drop for Owner<T> {
-    /// Kills, as `drop(owner.kill())`. If the kernel refuses the grace
-    /// period the object is leaked instead (never dropped, references stay
-    /// valid): a drop does not panic.
+    /// Kills, without taking `T` back.
+    ///
+    /// When `T` has no drop glue (`!mem::needs_drop::<T>()`), the kill is
+    /// deferred and the drop returns at once (see [`Owner::kill`]): the
+    /// thread that puts the last reference releases the object, maybe the
+    /// grace-period engine, where dropping `T` does nothing.
+    ///
+    /// Otherwise the kill is synchronous (a grace period, as
+    /// [`PercpuRef::kill`]), and `T` is dropped by the thread that drops
+    /// the last [`Ref`], this one if there is none: `T` need not be `Send`
+    /// or `'static`, so the engine thread must never drop it. If the kernel
+    /// refuses that grace period the object is leaked instead (never
+    /// dropped, references stay valid): a drop does not panic.
     fn drop(&mut self) {
+        // mutant owned_drop_deferred_always: drop-glue `T` is dropped by the
+        // engine thread too (after `Owner` drop returned).
+        let defer =
+            !std::mem::needs_drop::<T>() || cfg!(percpu_ref_mutant = "owned_drop_deferred_always");
+        if defer && !self.frozen {
+            self.kill_deferred("owned::Owner::drop");
+            // SAFETY: the owner's unit, given up: nothing of `self` is used
+            // after this.
+            unsafe { drop_unit::<T>(self.inner.as_ptr().cast_const().cast()) };
+            return;
+        }
         if let Ok(killed) = self.kill_in_place() {
             drop(killed);
         }
@@ -1335,6 +1510,7 @@ impl<T> Weak<T> {
     /// assert!(w.tryget_live().is_none());
     /// assert!(w.tryget().is_some()); // dying, not yet released
     /// drop(r);
+    /// percpu_ref::flush(); // the kill completed: the base reference is put
     /// assert!(w.tryget().is_none()); // released
     /// assert_eq!(killed.wait(), 1);
     /// ```
@@ -1364,9 +1540,10 @@ impl<T> Weak<T> {
     /// let o = Owner::new(1);
     /// let w = o.downgrade();
     /// let r = o.get();
-    /// drop(o); // killed, but `r` keeps it
+    /// drop(o); // killed (deferred: `i32` has no drop glue), but `r` keeps it
     /// assert_eq!(*w.tryget().unwrap(), 1);
-    /// drop(r); // released: `T` is dropped
+    /// percpu_ref::flush(); // the kill completed: the base reference is put
+    /// drop(r); // released
     /// assert!(w.tryget().is_none());
     /// ```
     #[inline]
@@ -1463,7 +1640,11 @@ impl<T> fmt::Debug for Weak<T> {
 /// take `T` back, or drop this to let the last `Ref` drop `T`.
 ///
 /// Dropping a `Killed` before release leaves `T` to the thread that drops
-/// the last reference; dropping it after release drops `T` here.
+/// the last reference; dropping it after release drops `T` here. The kill
+/// completes on the grace-period engine (see [`Owner::kill`]), whose put of
+/// the base reference may be the last: a `Killed` of a `T` with drop glue
+/// dropped before that waits for it (about a millisecond), so that `T` is
+/// dropped here, never on the engine thread.
 ///
 /// # As a future
 ///
@@ -1561,6 +1742,7 @@ impl<T> Killed<T> {
     /// let o = Owner::new(1);
     /// let r = o.get();
     /// let k = o.kill();
+    /// percpu_ref::flush(); // the kill completed: only `r` holds the object
     /// assert!(!k.is_released());
     /// drop(r);
     /// assert!(k.is_released());
@@ -1598,7 +1780,7 @@ impl<T> Killed<T> {
     pub fn wait(self) -> T {
         let p = self.block_for("wait");
         // SAFETY: a `Killed` holds the owner side's unit.
-        unsafe { inner(p) }.wait_released(None);
+        unsafe { inner(p) }.wait_killed_released(None, "wait");
         self.take(p)
     }
 
@@ -1621,12 +1803,15 @@ impl<T> Killed<T> {
     /// let r = o.get();
     /// let k = o.kill().wait_timeout(Duration::from_millis(1)).unwrap_err();
     /// drop(r);
+    /// percpu_ref::flush(); // the engine's put of the base reference
     /// assert_eq!(k.wait_timeout(Duration::ZERO).unwrap(), 1);
     /// ```
     pub fn wait_timeout(self, timeout: Duration) -> Result<T, Self> {
         let p = self.block_for("wait_timeout");
         // SAFETY: a `Killed` holds the owner side's unit.
-        if unsafe { inner(p) }.wait_released(Instant::now().checked_add(timeout)) {
+        if unsafe { inner(p) }
+            .wait_killed_released(Instant::now().checked_add(timeout), "wait_timeout")
+        {
             Ok(self.take(p))
         } else {
             Err(self)
@@ -1656,6 +1841,7 @@ impl<T> Killed<T> {
     /// let r = o.get();
     /// let k = o.kill().try_take().unwrap_err();
     /// drop(r);
+    /// percpu_ref::flush(); // the engine's put of the base reference
     /// assert_eq!(k.try_take().unwrap(), 1);
     /// ```
     #[doc(alias = "try_unwrap", alias = "into_inner")]
@@ -1756,6 +1942,17 @@ impl<T> Drop for Killed<T> {
         let _unit = OnDrop(|| unsafe { drop_unit::<T>(ptr) });
         // SAFETY: the unit keeps the block alive.
         let inner = unsafe { inner(p) };
+        if std::mem::needs_drop::<T>() && !inner.wait_engine_done() {
+            // On the engine, inside another ref's confirm or release, while
+            // this kill waits in the engine's queue: waiting would deadlock,
+            // and unclaiming would let the engine drop `T`, which may be
+            // neither `Send` nor `'static`. `T` stays claimed: leaked.
+            eprintln!(
+                "percpu_ref: owned::Killed dropped on the grace-period engine while its own \
+                 kill was still queued; the value is leaked"
+            );
+            return;
+        }
         let mut s = sync::lock(&inner.state);
         // Nobody will poll again: do not keep the task alive until release.
         let waker = s.waker.take();
@@ -1892,7 +2089,11 @@ mod tests {
     static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
     fn serial() -> std::sync::MutexGuard<'static, ()> {
-        SERIAL.lock().unwrap_or_else(|p| p.into_inner())
+        let g = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+        // An earlier test's kill completed by the engine may free its block
+        // now, under this test's count: let every queued kill finish first.
+        crate::flush();
+        g
     }
 
     /// Counts its drops.
@@ -1944,6 +2145,42 @@ mod tests {
     }
 
     #[test]
+    fn owner_drop_of_a_value_without_drop_glue_is_deferred_and_frees_the_block() {
+        let _s = serial();
+        let before = live_blocks();
+        // No Ref, no Weak: the engine's put releases, and it alone can pay
+        // the count's unit, after it is done with the ref.
+        drop(Owner::new(1u64));
+        let o = Owner::new(2u64);
+        let w = o.downgrade();
+        let r = o.get();
+        drop(o);
+        assert!(w.tryget_live().is_none(), "dying once the drop returned");
+        crate::flush();
+        assert!(w.tryget().is_some(), "r still holds it");
+        drop(r);
+        assert!(w.tryget().is_none());
+        drop(w);
+        assert_eq!(live_blocks(), before, "every block freed, none twice");
+    }
+
+    #[test]
+    fn killed_of_a_value_with_drop_glue_dropped_at_once_drops_it_here() {
+        let _s = serial();
+        let before = live_blocks();
+        let (v, d) = tracked(6);
+        let o = Owner::new(v);
+        // Waits for the engine, which must not drop a `T` that may be
+        // neither `Send` nor `'static`: `T` goes on this thread.
+        drop(o.kill());
+        assert_eq!(drops(&d), 1);
+        // A release run by the engine frees the block once the engine is
+        // done with it, maybe just after the waiter woke.
+        crate::flush();
+        assert_eq!(live_blocks(), before);
+    }
+
+    #[test]
     fn owner_drop_with_refs_last_ref_drops_value() {
         let _s = serial();
         let before = live_blocks();
@@ -1980,6 +2217,9 @@ mod tests {
         t.join().unwrap();
         assert_eq!(v.payload, 3);
         assert_eq!(drops(&d), 0, "wait hands T back, release left it alone");
+        // A release run by the engine frees the block once the engine is
+        // done with it, maybe just after the waiter woke.
+        crate::flush();
         assert_eq!(live_blocks(), before);
         drop(v);
         assert_eq!(drops(&d), 1);
@@ -1996,6 +2236,9 @@ mod tests {
         assert_eq!(drops(&d), 0);
         drop(r);
         assert_eq!(drops(&d), 1);
+        // A release run by the engine frees the block once the engine is
+        // done with it, maybe just after the waiter woke.
+        crate::flush();
         assert_eq!(live_blocks(), before);
     }
 
@@ -2007,11 +2250,15 @@ mod tests {
         let o = Owner::new(v);
         let r = o.get();
         let k = o.kill();
+        crate::flush(); // the deferred kill is complete
         drop(r);
         assert!(k.is_released());
         assert_eq!(drops(&d), 0, "claimed: release must not drop T");
         drop(k);
         assert_eq!(drops(&d), 1);
+        // A release run by the engine frees the block once the engine is
+        // done with it, maybe just after the waiter woke.
+        crate::flush();
         assert_eq!(live_blocks(), before);
     }
 
@@ -2022,6 +2269,7 @@ mod tests {
         let w = o.downgrade();
         let r = w.tryget_live().expect("live");
         let k = o.kill();
+        crate::flush(); // the deferred kill is complete
         assert!(w.tryget_live().is_none());
         let r2 = w.tryget().expect("dying but referenced");
         drop(r);
@@ -2080,6 +2328,9 @@ mod tests {
         assert_eq!(k.wait().payload, 21);
         assert_eq!(drops(&d), 1);
         drop(w);
+        // A release run by the engine frees the block once the engine is
+        // done with it, maybe just after the waiter woke.
+        crate::flush();
         assert_eq!(live_blocks(), before);
     }
 
@@ -2175,6 +2426,9 @@ mod tests {
         drop(r);
         std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| drop(k))).unwrap_err();
         assert_eq!(drops(&d), 3);
+        // A release run by the engine frees the block once the engine is
+        // done with it, maybe just after the waiter woke.
+        crate::flush();
         assert_eq!(live_blocks(), before);
         // No unit was left owed on this thread.
         assert!(OWED.with(Cell::take).is_none());
@@ -2189,6 +2443,7 @@ mod tests {
         let w = o.downgrade();
         let p = Ref::into_raw(o.get());
         let k = o.kill();
+        crate::flush(); // the deferred kill is complete
         assert!(!k.is_released(), "the raw reference still counts");
         assert!(
             w.tryget().is_some(),
@@ -2202,6 +2457,9 @@ mod tests {
         assert_eq!(k.wait().payload, 50);
         assert_eq!(drops(&d), 1);
         drop(w);
+        // A release run by the engine frees the block once the engine is
+        // done with it, maybe just after the waiter woke.
+        crate::flush();
         assert_eq!(live_blocks(), before);
     }
 
@@ -2234,6 +2492,7 @@ mod tests {
         let o = Owner::new(v);
         let r = o.get();
         let mut k = o.kill();
+        crate::flush(); // the deferred kill is complete
         let wakes = Arc::new(CountWakes(StdAtomicUsize::new(0)));
         let waker = Waker::from(wakes.clone());
         let mut cx = Context::from_waker(&waker);
@@ -2254,6 +2513,9 @@ mod tests {
         assert!(k.is_released());
         drop(k); // a completed future drops nothing more
         assert_eq!(drops(&d), 1);
+        // A release run by the engine frees the block once the engine is
+        // done with it, maybe just after the waiter woke.
+        crate::flush();
         assert_eq!(live_blocks(), before);
     }
 
@@ -2280,6 +2542,9 @@ mod tests {
         drop(r);
         assert_eq!(wakes.0.load(std::sync::atomic::Ordering::SeqCst), 0);
         assert_eq!(drops(&d), 1);
+        // A release run by the engine frees the block once the engine is
+        // done with it, maybe just after the waiter woke.
+        crate::flush();
         assert_eq!(live_blocks(), before);
     }
 

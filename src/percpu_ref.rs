@@ -1207,7 +1207,7 @@ impl PercpuRef {
     }
 
     /// Whether a deferred switch of this ref is queued or being completed.
-    fn is_pending(&self) -> bool {
+    pub(crate) fn is_pending(&self) -> bool {
         // Acquire: pairs with the engine's release when it clears the bit,
         // so what it did to the ref (the sum, the fold, the puts) happens
         // before what the caller does next (reset the counters, free them).

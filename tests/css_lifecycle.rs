@@ -158,6 +158,10 @@ fn parent_offline_waits_for_children_online_cnt() {
     assert_eq!(cb.state(), CssState::Dying);
     assert!(ca.tryget_online().is_none() && cb.tryget_online().is_none());
     assert!(!rec.events().iter().any(|e| e.kind == EventKind::Offline));
+    // The kills complete on the grace-period engine; their confirms queue
+    // b's and c's offline work (a's own confirm finds a child online).
+    percpu_ref::flush();
+    assert!(!rec.events().iter().any(|e| e.kind == EventKind::Offline));
     // b's and c's offline work each walk up; the second one offlines a.
     assert_eq!(h.run_destroy_work(), 2 + 1); // 2 offline + c's release
     assert_eq!(ca.state(), CssState::Offline);
@@ -211,6 +215,8 @@ fn states_seen_by_callbacks_and_queries() {
     assert!(css.refcnt_is_percpu());
     let id = css.id();
     h.rmdir(&a).unwrap();
+    assert!(css.is_dying() && css.tryget_online().is_none());
+    percpu_ref::flush(); // the kill completes, its confirm offlines the css
     assert_eq!(css.state(), CssState::Offline);
     assert!(css.is_dying() && !css.is_online());
     // Killed: atomic now, and the count is exactly what is held (ours).
@@ -353,6 +359,9 @@ fn subsystem_calling_back_into_the_hierarchy_panics() {
     *ss.0.lock().unwrap() = Some(h.clone());
     let a = h.mkdir(&h.root(), "a").unwrap();
     h.rmdir(&a).unwrap();
+    // The offline runs once the kill completes, on the grace-period engine,
+    // which keeps the panic for `flush`.
+    let _ = h.flush();
 }
 
 #[test]

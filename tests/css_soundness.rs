@@ -457,15 +457,24 @@ impl Subsys for PanicOnce {
     }
 }
 
-/// `css_offline` panics during `rmdir`: the panic reaches the caller, the
-/// offline work still finishes (the css is released and freed), and the
-/// thread can use the hierarchy again.
+/// `css_offline` panics in the offline work that `rmdir`'s kill queued
+/// (from its confirm, on the grace-period engine): the panic comes out of
+/// `rmdir` or of the next `flush`, the offline
+/// work still finishes (the css is released and freed), and the thread can
+/// use the hierarchy again.
 #[test]
-fn panic_in_css_offline_during_rmdir() {
+fn panic_in_css_offline_after_rmdir() {
     let (ss, log) = PanicOnce::new(EventKind::Offline);
     let h = Hierarchy::new(vec![ss.clone(), Recorder::with_log("memory", log.clone())]);
     let a = h.mkdir(&h.root(), "a").unwrap();
-    let err = catch_unwind(AssertUnwindSafe(|| h.rmdir(&a))).expect_err("the panic propagates");
+    // The offline runs on the engine (no caller: `flush` resumes the
+    // panic), or, if `rmdir` still held cgroup_mutex when the engine
+    // queued it, in `rmdir`'s unlock (which resumes it).
+    let err = catch_unwind(AssertUnwindSafe(|| {
+        h.rmdir(&a).unwrap();
+        let _ = h.flush();
+    }))
+    .expect_err("the panic propagates");
     assert_eq!(panic_message(&*err), "css_offline of /a failed");
     // The hierarchy is usable on this thread.
     let b = h
@@ -486,6 +495,7 @@ fn panic_in_css_released_during_the_last_put() {
     let a = h.mkdir(&h.root(), "a").unwrap();
     let r = a.css(0).unwrap();
     h.rmdir(&a).unwrap();
+    percpu_ref::flush(); // offline: only `r` holds the css
     let err = catch_unwind(AssertUnwindSafe(|| drop(r))).expect_err("the panic propagates");
     assert_eq!(panic_message(&*err), "css_released of /a failed");
     let b = h.mkdir(&h.root(), "b").unwrap();
@@ -566,6 +576,7 @@ fn panic_in_css_offline_during_run_destroy_work() {
     let b = h.mkdir(&h.root(), "b").unwrap();
     h.rmdir(&a).unwrap();
     h.rmdir(&b).unwrap();
+    percpu_ref::flush(); // the kills' confirms queue the offline work
     let err = catch_unwind(AssertUnwindSafe(|| h.run_destroy_work())).expect_err("propagates");
     assert_eq!(panic_message(&*err), "css_offline of /a failed");
     assert_eq!(count(&log, EventKind::Offline, "/b"), 1, "the queue ran on");
@@ -590,6 +601,7 @@ fn failed_charge_takes_no_reference() {
     assert!(err.is_err(), "2^61 pages cannot be stored");
     assert_eq!(pages.len(), 2);
     h.rmdir(&a).unwrap();
+    percpu_ref::flush(); // the kill and the offline put their references
     assert_eq!(css.refcnt_atomic_count(), Some(3), "ours and two pages'");
     drop(css);
     drop(pages);

@@ -148,6 +148,7 @@ fn raw_round_trip_keeps_counts_exact() {
     let p = raws[0];
     assert!(raws.iter().all(|&q| q == p), "one object, one address");
     let k = o.kill();
+    percpu_ref::flush(); // the deferred kill is complete
     for (i, &raw) in raws.iter().enumerate() {
         assert!(
             !k.is_released(),
@@ -413,6 +414,7 @@ fn counting_waker() -> (Arc<Count>, Waker) {
 fn future_is_ready_at_once_without_references() {
     let (v, d) = tracked(1);
     let mut k = Owner::new(v).kill();
+    percpu_ref::flush(); // the deferred kill is complete
     let (count, waker) = counting_waker();
     match Pin::new(&mut k).poll(&mut Context::from_waker(&waker)) {
         Poll::Ready(v) => assert_eq!(v.payload, 1),
@@ -432,6 +434,7 @@ fn future_pending_until_the_last_ref_then_woken_once() {
     let r1 = o.get();
     let r2 = r1.clone();
     let mut k = o.kill();
+    percpu_ref::flush(); // the deferred kill is complete
     let (count, waker) = counting_waker();
     let mut cx = Context::from_waker(&waker);
     assert!(Pin::new(&mut k).poll(&mut cx).is_pending());
@@ -453,6 +456,7 @@ fn future_wakes_the_latest_waker() {
     let o = Owner::new(3);
     let r = o.get();
     let mut k = o.kill();
+    percpu_ref::flush(); // the deferred kill is complete
     let (first, w1) = counting_waker();
     let (second, w2) = counting_waker();
     assert!(Pin::new(&mut k)
@@ -475,6 +479,7 @@ fn future_wakes_the_latest_waker() {
 #[test]
 fn polling_after_completion_panics_and_names_the_operation() {
     let mut k = Owner::new(4).kill();
+    percpu_ref::flush(); // the deferred kill is complete
     let (_, waker) = counting_waker();
     let mut cx = Context::from_waker(&waker);
     assert_eq!(Pin::new(&mut k).poll(&mut cx), Poll::Ready(4));
@@ -494,6 +499,7 @@ fn polling_after_completion_panics_and_names_the_operation() {
         ),
     ] {
         let mut k = Owner::new(5).kill();
+        percpu_ref::flush(); // the deferred kill is complete
         assert_eq!(Pin::new(&mut k).poll(&mut cx), Poll::Ready(5));
         let e = catch_unwind(AssertUnwindSafe(|| op(k))).unwrap_err();
         let msg = panic_message(&*e);

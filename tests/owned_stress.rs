@@ -295,3 +295,102 @@ fn lookup_table_churn_under_sixteen_threads() {
         "every value dropped exactly once"
     );
 }
+
+/// Several threads kill and drop owners while others look the objects up
+/// with `Weak::tryget_live`, hold the `Ref`s a while and drop them: the
+/// kills are deferred (the grace-period engine completes them and may make
+/// the last put), so `T` may be released by a reader, by the engine (then
+/// taken by the `Killed`), or by the `Killed`'s drop. Each `T` is dropped
+/// exactly once and never while referenced (its `check` would see the
+/// poison), and after `flush` every object was released.
+///
+/// Caught with `--cfg percpu_ref_mutant="owned_release_ignores_claim"`
+/// (release drops a claimed `T`: the `Killed` then takes or drops it a
+/// second time).
+#[test]
+fn deferred_kills_race_lookups_and_ref_drops() {
+    const KILLERS: usize = 3;
+    const SLOTS: usize = 8;
+    let per_killer = if cfg!(miri) { 6 } else { 2_000 };
+    let readers = THREADS - KILLERS;
+    let drops = Arc::new(AtomicUsize::new(0));
+    let table: Arc<RwLock<Vec<Weak<Value>>>> =
+        Arc::new(RwLock::new((0..SLOTS).map(|_| Weak::new()).collect()));
+    let stop = Arc::new(AtomicBool::new(false));
+    let killers: Vec<_> = (0..KILLERS)
+        .map(|k| {
+            let (table, drops) = (table.clone(), drops.clone());
+            std::thread::spawn(move || {
+                let mut taken = 0usize;
+                for i in 0..per_killer {
+                    let seed = (k * per_killer + i) as u64;
+                    let owner = Owner::new(Value::new(seed, drops.clone()));
+                    table.write().unwrap()[(k + i * KILLERS) % SLOTS] = owner.downgrade();
+                    std::thread::yield_now();
+                    // Three ends: take `T` back (waits for the engine and
+                    // the readers), drop the `Killed` at once (it waits for
+                    // the engine, then leaves `T` to the last reader), or
+                    // drop the `Owner` (a synchronous kill: `Value` has drop
+                    // glue).
+                    match i % 3 {
+                        0 => {
+                            assert_eq!(owner.kill().wait().check(), seed);
+                            taken += 1;
+                        }
+                        1 => drop(owner.kill()),
+                        _ => drop(owner),
+                    }
+                }
+                taken
+            })
+        })
+        .collect();
+    let workers: Vec<_> = (0..readers)
+        .map(|t| {
+            let (table, stop) = (table.clone(), stop.clone());
+            std::thread::spawn(move || {
+                let mut held: Vec<Ref<Value>> = Vec::new();
+                let mut got = 0usize;
+                let mut i = t;
+                while !stop.load(Ordering::Relaxed) {
+                    i += 1;
+                    let r = table.read().unwrap()[i % SLOTS].tryget_live();
+                    if let Some(r) = r {
+                        got += 1;
+                        r.check();
+                        held.push(r);
+                    }
+                    if held.len() > 4 || i % 7 == 0 {
+                        // Oldest first: the last reference of a killed object.
+                        if !held.is_empty() {
+                            let r = held.remove(0);
+                            r.check();
+                        }
+                    }
+                }
+                got
+            })
+        })
+        .collect();
+    let taken: usize = killers.into_iter().map(|k| k.join().unwrap()).sum();
+    stop.store(true, Ordering::Relaxed);
+    let got: usize = workers.into_iter().map(|w| w.join().unwrap()).sum();
+    percpu_ref::flush();
+    let table = table.read().unwrap();
+    assert!(
+        table.iter().all(|w| w.tryget().is_none()),
+        "an object was not released"
+    );
+    let made = KILLERS * per_killer;
+    assert_eq!(
+        drops.load(Ordering::SeqCst),
+        made,
+        "each T dropped exactly once"
+    );
+    assert_eq!(
+        taken,
+        KILLERS * per_killer.div_ceil(3),
+        "every wait returned T"
+    );
+    assert!(got > 0, "the readers never found a live object");
+}

@@ -562,7 +562,7 @@ impl Inner {
         }
     }
 
-    fn keep_orphan(&self, p: Payload) {
+    pub(crate) fn keep_orphan(&self, p: Payload) {
         let mut slot = sync::lock(&self.orphan_panic);
         if slot.is_none() {
             *slot = Some(p);
@@ -923,9 +923,11 @@ impl Hierarchy {
     }
 
     /// `rmdir` (`cgroup_destroy_locked`): removes an empty cgroup and kills
-    /// its csses. They go offline once their children are offline, are
-    /// released when the last reference is put, and are freed a grace
-    /// period later.
+    /// its csses, asynchronously as the kernel does: they are dying when
+    /// this returns, and go offline once their kills completed on the
+    /// grace-period engine and their children are offline; they are
+    /// released when the last reference is put, and freed a grace period
+    /// later. [`flush`](Self::flush) waits for all of it.
     ///
     /// # Errors
     ///
@@ -1139,8 +1141,10 @@ impl Hierarchy {
         })
     }
 
-    /// Waits until no destroy work is queued and no css waits for a grace
-    /// period (`rcu_barrier` plus `flush_workqueue`). Returns false if that
+    /// Waits until every kill queued by `rmdir` has completed (its confirm
+    /// ran on the grace-period engine: [`crate::flush`]), no destroy work
+    /// is queued and no css waits for a grace period (`rcu_barrier` plus
+    /// `flush_workqueue`). Returns false if that
     /// did not happen within about ten seconds (a thread stayed inside an
     /// RCU read section).
     ///
@@ -1161,6 +1165,10 @@ impl Hierarchy {
     }
 
     fn flush_inner(&self, caught: &mut CallbackPanics) -> bool {
+        // Every kill queued so far completes (its confirm queued the offline
+        // work, a release it caused was handed on) before the queue is
+        // looked at.
+        crate::flush();
         for attempt in 0..20_000u32 {
             let mut g = self.inner.cgroup_lock("flush");
             self.inner.drain_locked(&mut g.panics);

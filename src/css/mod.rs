@@ -27,10 +27,15 @@
 //! 2. **rmdir** (`cgroup_destroy_locked`): refused while the cgroup has
 //!    tasks or children; else mark the cgroup offline and `kill_css` each
 //!    css: set `CSS_DYING`, take an extra reference, and
-//!    `percpu_ref_kill_and_confirm(css_killed_ref_fn)`.
-//! 3. **confirm** (`css_killed_ref_fn`): from now on no
-//!    `css_tryget_online` succeeds. `online_cnt -= 1`; if that was the
-//!    last, queue `css_killed_work_fn`.
+//!    `percpu_ref_kill_and_confirm(css_killed_ref_fn)`. The kill is
+//!    asynchronous, as in the kernel
+//!    ([`PercpuRef::kill_and_confirm_deferred`]): `rmdir` returns with the
+//!    css dying (no `css_tryget_online` succeeds), and the process's
+//!    grace-period engine completes the switch later (within about a
+//!    millisecond); [`Hierarchy::flush`] waits for it.
+//! 3. **confirm** (`css_killed_ref_fn`, on the engine thread once the kill
+//!    completed): `online_cnt -= 1`; if that was the last, queue
+//!    `css_killed_work_fn`.
 //! 4. **offline** (`css_killed_work_fn`): `offline_css` (`css_offline`,
 //!    clear `CSS_ONLINE`, unpublish from `cgroup->subsys[]`), drop the
 //!    kill's extra reference, then walk up: the parent's `online_cnt -= 1`,
@@ -72,9 +77,20 @@
 //! `cgroup_mutex`, and the free (`css_free_rwork_fn`) runs from there a
 //! grace period later. Here:
 //!
-//! - **confirm** (`css_killed_ref_fn`) runs inside `rmdir`'s
-//!   `kill_and_confirm`, with the ref's switch lock and `cgroup_mutex`
-//!   held: it only counts and queues the offline work.
+//! - **confirm** (`css_killed_ref_fn`) runs on the grace-period engine's
+//!   thread, inside the engine's `PercpuRef` call that completes the kill
+//!   (as the kernel's runs from an RCU callback), without `cgroup_mutex`:
+//!   it only counts (`online_cnt`, an atomic that the children's offline
+//!   work also decrements under the mutex: whoever reaches zero queues the
+//!   offline) and asks the engine to queue the offline work once it is
+//!   done with the css. It never takes `cgroup_mutex` (a thread holding it
+//!   may wait for the engine). The engine then runs the queue if the mutex
+//!   is free, like any thread that queues work. With
+//!   [`RefcntMode::Atomic`] no grace period is needed: the kill completes
+//!   inside `rmdir`, which holds the mutex, and the confirm only queues.
+//! - **release** by the engine's put (the kill's own, when nothing else
+//!   held the css) is handed on by the engine in the same way, once its
+//!   call has returned.
 //! - **release** (`css_release`) runs inside the `PercpuRef` call that put
 //!   the last reference, on whichever thread made it, while that call
 //!   still borrows the css (its `&self`, and the release closure stored in
@@ -97,7 +113,8 @@
 //!   queues it and runs the queue if the mutex is free.
 //!
 //! [`WorkMode::Manual`] holds all work until [`Hierarchy::run_destroy_work`]
-//! (or [`Hierarchy::flush`]).
+//! (or [`Hierarchy::flush`]); the offline work of a `rmdir` is only queued
+//! once its kill completed ([`crate::flush`] waits for that).
 //!
 //! # What keeps the root alive
 //!
@@ -164,6 +181,7 @@
 //! h.attach(&task, &h.root()).unwrap();
 //! h.rmdir(&b).unwrap();
 //! h.rmdir(&a).unwrap();
+//! percpu_ref::flush(); // the kills completed: both csses are offline
 //! drop(pages); // the last references on /a/b's css
 //! assert!(h.flush());
 //! let order: Vec<(EventKind, String)> = rec

@@ -76,6 +76,7 @@ use std::sync::{Arc, Mutex};
 /// let a = h.mkdir(&h.root(), "a").unwrap();
 /// assert_eq!(ss.online.load(Ordering::SeqCst), 2); // root and a
 /// h.rmdir(&a).unwrap();
+/// percpu_ref::flush(); // the kill completes; its confirm offlines `a`
 /// assert_eq!(ss.online.load(Ordering::SeqCst), 1);
 /// ```
 pub trait Subsys: Send + Sync + 'static {

@@ -116,6 +116,8 @@ impl CssPtr {
 /// assert_eq!(css.state(), CssState::Online);
 /// let more = css.get_many(3); // css_get_many
 /// h.rmdir(&a).unwrap();
+/// assert!(css.is_dying() && css.tryget_online().is_none()); // at once
+/// percpu_ref::flush(); // the kill completed: its confirm offlined the css
 /// assert_eq!(css.state(), CssState::Offline); // references still held
 /// assert!(css.tryget_online().is_none());
 /// assert!(css.tryget().is_some()); // the count is not zero yet
@@ -640,6 +642,26 @@ fn hand_on_release(p: CssPtr, panics: &mut CallbackPanics) {
 /// it, with that call's borrows of the css live, so it only records the
 /// release; the `css_put` (or `kill_css`) around the call hands it on.
 fn css_release(p: CssPtr) {
+    // SAFETY: the last put's `PercpuRef` call borrows the css: it is alive.
+    let refcnt = unsafe { std::ptr::addr_of!((*p.as_ptr()).refcnt) };
+    if crate::grace::completing(refcnt) {
+        // The engine's put of a deferred kill was the last: no wrapper of
+        // ours is around that call, so the engine hands the release on once
+        // it is done with the css.
+        // SAFETY: as above.
+        let hier = unsafe { p.get() }.hier.clone();
+        crate::grace::after_completion(Box::new(move || {
+            let mut panics = CallbackPanics::default();
+            settle_releases(&mut panics);
+            if let Some(payload) = panics.take() {
+                match hier {
+                    Some(h) => h.keep_orphan(payload),
+                    // A root css's callbacks: the engine reports it.
+                    None => std::panic::resume_unwind(payload),
+                }
+            }
+        }));
+    }
     if let Some(earlier) = RELEASED.with(|c| c.replace(Some(p))) {
         // Only after a panic skipped a hand-on (no wrapper does): keep it.
         RELEASED_MORE.with(|v| v.borrow_mut().push(earlier));
@@ -719,7 +741,11 @@ pub(crate) fn online_css(css: &Css, panics: &mut CallbackPanics) -> Result<(), S
     Ok(())
 }
 
-/// `kill_css`: called by `rmdir` under `cgroup_mutex`.
+/// `kill_css`: called by `rmdir` under `cgroup_mutex`. Asynchronous, as the
+/// kernel's: the css is dying at once (no `css_tryget_online` succeeds once
+/// this returns), and the confirm, `css_killed_ref_fn`, runs on the
+/// grace-period engine after the switch to atomic mode completes (at once,
+/// on this thread, when the refcount is already atomic).
 ///
 /// The extra reference keeps the css from being released before
 /// `css_killed_work_fn` has offlined it; it is dropped there.
@@ -732,10 +758,21 @@ pub(crate) fn kill_css(p: CssPtr) {
     if !cfg!(percpu_ref_mutant = "css_no_kill_ref") {
         css.get_raw(1);
     }
-    // A release by the kill (only without the extra reference) is handed
-    // on once `kill_and_confirm` has returned.
+    // A release by a kill completed in the call (an atomic refcount,
+    // without the extra reference) is handed on once the call has returned.
     let _settle = SettleReleases;
-    if let Err(e) = css.refcnt.kill_and_confirm(|_| css_killed_ref_fn(p)) {
+    // SAFETY: a css never moves, and is freed (`Css::dealloc`, which drops
+    // the `PercpuRef`; its `Drop` waits for the engine) only once released,
+    // which the engine's temporary reference prevents while the kill is
+    // queued.
+    let killed = unsafe {
+        PercpuRef::kill_deferred_raw(
+            std::ptr::addr_of!((*p.as_ptr()).refcnt),
+            Some(Box::new(move |_| css_killed_ref_fn(p))),
+            "kill_css",
+        )
+    };
+    if let Err(e) = killed {
         panic!("kill_css: css {} of {}: {e}", css.id, css.cgroup_path());
     }
 }
@@ -744,21 +781,44 @@ pub(crate) fn kill_css(p: CssPtr) {
 /// succeed any more; drop this css's own count in `online_cnt` and, if no
 /// child is still online, queue the offline work.
 ///
-/// It runs with the ref's switch lock held (and `cgroup_mutex`, since only
-/// `rmdir` kills), so it only counts and queues.
+/// It runs on the grace-period engine, inside the `PercpuRef` call that
+/// completes the kill, without `cgroup_mutex` (as the kernel's runs from
+/// an RCU callback): it must not take the mutex (a thread holding it may
+/// wait for the engine: `flush`, a free that waits for a pending ref), nor
+/// run destroy work under the engine's borrow of the css. So it only
+/// counts, and hands the queueing to the engine for after the call
+/// (`grace::after_completion`), when the css is still pinned by the kill's
+/// extra reference. With an atomic refcount the kill completes in `rmdir`,
+/// which holds `cgroup_mutex`: then it queues, and `rmdir` runs the work
+/// when it unlocks.
 fn css_killed_ref_fn(p: CssPtr) {
     // SAFETY: the kill holds the base and the extra reference.
     let css = unsafe { p.get() };
-    // ordering-audit: Relaxed: changed only under cgroup_mutex, which orders it; it publishes
-    // nothing.
+    // ordering-audit: Relaxed: this decrement (on the engine) races with the
+    // children's offline work (under cgroup_mutex), but it orders nothing:
+    // whoever reaches zero queues an offline that runs under cgroup_mutex,
+    // after every child's offline section in the mutex's order (a section
+    // that came after it would happen before the queueing, hence before the
+    // decrement that reached zero, against the RMWs' order).
     let last = css.online_cnt.fetch_sub(1, Ordering::Relaxed) == 1;
     // mutant css_no_online_cnt: offline at once, whatever the children.
     if last || cfg!(percpu_ref_mutant = "css_no_online_cnt") {
-        // This thread holds cgroup_mutex (only `rmdir` and `mkdir`'s undo
-        // kill), so this only queues: nothing runs inside the confirm.
-        let mut panics = CallbackPanics::default();
-        hier_of(css).queue_work(Work::Offline(p), &mut panics);
-        debug_assert!(panics.take().is_none());
+        let hier = hier_of(css).clone();
+        let queue = move || {
+            let mut panics = CallbackPanics::default();
+            hier.queue_work(Work::Offline(p), &mut panics);
+            if let Some(payload) = panics.take() {
+                hier.keep_orphan(payload);
+            }
+        };
+        if crate::grace::completing(std::ptr::addr_of!(css.refcnt)) {
+            crate::grace::after_completion(Box::new(queue));
+        } else {
+            // This thread holds cgroup_mutex (only `rmdir` and `mkdir`'s
+            // undo kill), so this only queues: nothing runs inside the
+            // confirm.
+            queue();
+        }
     }
 }
 
@@ -782,8 +842,8 @@ fn css_killed_work_fn(mut p: CssPtr, panics: &mut CallbackPanics) {
         // SAFETY: the child we just offlined pins its parent until it is
         // freed, and frees run under cgroup_mutex, which we hold.
         let parent_css = unsafe { pp.get() };
-        // ordering-audit: Relaxed: changed only under cgroup_mutex, which orders it; it publishes
-        // nothing.
+        // ordering-audit: Relaxed: races with the parent's confirm on the
+        // engine, ordering nothing (see `css_killed_ref_fn`).
         if parent_css.online_cnt.fetch_sub(1, Ordering::Relaxed) != 1 {
             return;
         }
