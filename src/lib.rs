@@ -30,7 +30,7 @@
 //!     or objects are many, small or short-lived. What a `PercpuRef` buys
 //!     is scaling: a get + put stays at 3.7 ns with two threads on one
 //!     object, where an `Arc` clone + drop goes from 16 ns (one thread) to
-//!     81 ns. It costs 8 bytes per possible CPU plus 80 per object (an
+//!     81 ns. It costs 8 bytes per possible CPU plus 64 per object (an
 //!     `Arc`: 16 bytes of counts) and a kill that waits for a grace period,
 //!     where an `Arc` simply frees at the last drop.
 //!   - [arc-swap](https://docs.rs/arc-swap): a pointer read often and
@@ -175,15 +175,15 @@
 //! The per-CPU counters have two implementations behind one interface (see
 //! [`Backend`] and the [`percpu`] module): restartable sequences on Linux
 //! `x86_64` with glibc ≥ 2.35 (no atomic instruction on the fast path,
-//! `membarrier` as the grace period) and portable cache-padded shards
-//! sealed by the switcher. The process picks one at first use;
+//! `membarrier` as the grace period) and portable atomic shards sealed by
+//! the switcher. Both keep a ref's counters in one per-CPU arena, 8 bytes
+//! per possible CPU per ref, as the kernel's percpu allocator. The process picks one at first use;
 //! [`backend()`] says which.
 //!
 //! # Features
 //!
-//! The core crate has two runtime dependencies: crossbeam-utils
-//! (`CachePadded` for the portable backend's shards) and, on unix, libc
-//! (rseq, `membarrier`, `sysconf`, `pthread_atfork`).
+//! The core crate has one runtime dependency, on unix only: libc (rseq,
+//! `membarrier`, `mmap`, `sysconf`, `pthread_atfork`).
 //!
 //! - **`css`** (off by default): [`css`], the cgroup
 //!   `cgroup_subsys_state` lifecycle that `percpu_ref` was built for

@@ -31,11 +31,13 @@
 //!
 //! # Backends
 //!
-//! - [`Backend::Sharded`] (`percpu/sharded.rs`): cache-padded atomic shards
-//!   that the switcher *seals*; portable, loom-checkable as is.
+//! - [`Backend::Sharded`] (`percpu/sharded.rs`): atomic shards, one per
+//!   possible CPU in the per-CPU arena, that the switcher *seals*;
+//!   portable, and its protocol is what loom checks (under loom the shards
+//!   are a boxed slice of loom atomics instead of arena memory).
 //! - [`Backend::Rseq`] (`percpu/rseq.rs`, Linux `x86_64`): true per-CPU
 //!   counting with a restartable sequence on glibc's rseq area, a
-//!   `membarrier` grace period (`percpu/rseq_abi.rs`) and counters in a
+//!   `membarrier` grace period (`percpu/rseq_abi.rs`) and counters in the
 //!   per-CPU arena (`percpu/arena.rs`, see [`arena_stats`]). Other targets,
 //!   aarch64 included for now, use the sharded backend.
 //!

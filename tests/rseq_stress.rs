@@ -397,10 +397,11 @@ fn pinned_to_cpu_1() {
     );
 }
 
-/// Refs and threads of the capped-arena child.
-const CAPPED_REFS: usize = 1500;
+/// Refs and threads of the capped-arena child: enough refs for three
+/// chunks of 8,192 slots, and 300,000 operations per thread.
+const CAPPED_REFS: usize = 20_000;
 const CAPPED_THREADS: usize = 4;
-const CAPPED_ROUNDS: usize = if cfg!(debug_assertions) { 20 } else { 200 };
+const CAPPED_ROUNDS: usize = 15;
 
 /// Child only (`PERCPU_REF_STRESS_CAPPED`): the possible-CPU count is
 /// capped at 1, so the arena has one region per chunk, and every thread
