@@ -106,6 +106,11 @@ pub(crate) const REGION_SHIFT: u32 = 16;
 /// 0.016 B per ref, enough to put a million refs over the 8 B × CPUs + 64 B
 /// budget of issue 13).
 pub(crate) const REGION: usize = 1 << REGION_SHIFT;
+/// The alignment a chunk needs: a page at most (what `mmap` gives), not a
+/// region. Counters need only 8-byte alignment, and counters of different
+/// CPUs are a region apart, so they never share a cache line; nothing
+/// computes a chunk from an address by masking.
+const CHUNK_ALIGN: usize = 4096;
 /// Slots per chunk.
 const SLOTS_PER_CHUNK: usize = REGION / 8;
 /// Slots moved between a thread's cache and the pool at a time.
@@ -325,7 +330,11 @@ fn map_chunk() -> NonNull<u8> {
     if p == libc::MAP_FAILED {
         alloc::handle_alloc_error(layout)
     }
-    debug_assert_eq!(p as usize % REGION, 0, "mmap returns page-aligned memory");
+    debug_assert_eq!(
+        p as usize % CHUNK_ALIGN,
+        0,
+        "mmap returns page-aligned memory"
+    );
     NonNull::new(p.cast()).unwrap_or_else(|| alloc::handle_alloc_error(layout))
 }
 
@@ -343,7 +352,7 @@ fn chunk_layout() -> Layout {
     let bytes = arena_cpus()
         .checked_mul(REGION)
         .expect("percpu_ref: arena chunk size overflows usize");
-    Layout::from_size_align(bytes, REGION).expect("percpu_ref: arena chunk layout")
+    Layout::from_size_align(bytes, CHUNK_ALIGN).expect("percpu_ref: arena chunk layout")
 }
 
 /// One ref's 8-byte slot in every CPU's region.
