@@ -334,7 +334,17 @@ fn deferred_kills_race_lookups_and_ref_drops() {
                     // glue).
                     match i % 3 {
                         0 => {
-                            assert_eq!(owner.kill().wait().check(), seed);
+                            // Bounded: a release that forgets the claim (or
+                            // never runs) fails here instead of hanging.
+                            let value = owner
+                                .kill()
+                                .wait_timeout(Duration::from_secs(60))
+                                .unwrap_or_else(|_| {
+                                    panic!(
+                                        "Killed::wait_timeout(60 s): object {seed} never released"
+                                    )
+                                });
+                            assert_eq!(value.check(), seed);
                             taken += 1;
                         }
                         1 => drop(owner.kill()),
