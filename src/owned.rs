@@ -852,6 +852,70 @@ impl<T> Owner<T> {
         }
     }
 
+    /// Drops the owner without waiting for a grace period, whatever `T`
+    /// is: as dropping an `Owner` of a `T` without drop glue does (see
+    /// [`Drop`](#impl-Drop-for-Owner<T>)).
+    ///
+    /// The object is dying when this returns ([`Weak::tryget_live`] fails);
+    /// the switch to atomic mode completes on the process's grace-period
+    /// engine, and `T` is dropped by whichever thread puts the last
+    /// reference: the last [`Ref`]'s, or the engine's own `percpu-ref-gp`
+    /// thread when no `Ref` is left by then. Hence `T: Send + 'static`: `T`
+    /// may be dropped on another thread, after the caller's scope ended.
+    /// [`crate::flush`] waits for every kill queued before it, so after it
+    /// `T` is dropped unless a `Ref` still holds it.
+    ///
+    /// A plain `drop(owner)` of a `T` with drop glue kills synchronously
+    /// instead (one grace period, a `membarrier` on the rseq backend, about
+    /// 10 us with other CPUs busy), because `Owner::new` does not require
+    /// `T: Send + 'static`.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use percpu_ref::owned::Owner;
+    /// let owner = Owner::new(vec![1, 2, 3]); // Vec has drop glue
+    /// let weak = owner.downgrade();
+    /// let r = owner.get();
+    /// owner.drop_deferred(); // returns at once
+    /// assert!(weak.tryget_live().is_none());
+    /// assert_eq!(*r, [1, 2, 3]); // the object lives while referenced
+    /// drop(r);
+    /// percpu_ref::flush(); // the kill completed: the vector is dropped
+    /// assert!(weak.tryget().is_none());
+    /// ```
+    ///
+    /// A `T` that must not leave its thread does not compile:
+    ///
+    /// ```compile_fail
+    /// use percpu_ref::owned::Owner;
+    /// Owner::new(std::rc::Rc::new(1)).drop_deferred(); // Rc is not Send
+    /// ```
+    pub fn drop_deferred(self)
+    where
+        T: Send + 'static,
+    {
+        let mut this = ManuallyDrop::new(self);
+        this.let_go_deferred("owned::Owner::drop_deferred");
+    }
+
+    /// The deferred `Drop`: kills through the engine and gives up the
+    /// owner's unit; `self` must not be used afterwards. A frozen-for-good
+    /// owner (a leaked `Frozen`) is already dead, released and claimed: it
+    /// only gives up its unit through the claim, as a `Killed` would.
+    fn let_go_deferred(&mut self, op: &'static str) {
+        if self.frozen {
+            if let Ok(killed) = self.kill_in_place() {
+                drop(killed);
+            }
+            return;
+        }
+        self.kill_deferred(op);
+        // SAFETY: the owner's unit, given up: nothing of `self` is used
+        // after this.
+        unsafe { drop_unit::<T>(self.inner.as_ptr().cast_const().cast()) };
+    }
+
     /// Kills through the grace-period engine (see [`kill`](Self::kill)).
     fn kill_deferred(&self, op: &'static str) {
         // The ref is percpu, so the engine completes the kill; were it
@@ -1067,17 +1131,16 @@ impl<T> Drop for Owner<T> {
     /// the last [`Ref`], this one if there is none: `T` need not be `Send`
     /// or `'static`, so the engine thread must never drop it. If the kernel
     /// refuses that grace period the object is leaked instead (never
-    /// dropped, references stay valid): a drop does not panic.
+    /// dropped, references stay valid): a drop does not panic. For a `T:
+    /// Send + 'static` with drop glue, [`Owner::drop_deferred`] returns at
+    /// once instead.
     fn drop(&mut self) {
         // mutant owned_drop_deferred_always: drop-glue `T` is dropped by the
         // engine thread too (after `Owner` drop returned).
         let defer =
             !std::mem::needs_drop::<T>() || cfg!(percpu_ref_mutant = "owned_drop_deferred_always");
         if defer && !self.frozen {
-            self.kill_deferred("owned::Owner::drop");
-            // SAFETY: the owner's unit, given up: nothing of `self` is used
-            // after this.
-            unsafe { drop_unit::<T>(self.inner.as_ptr().cast_const().cast()) };
+            self.let_go_deferred("owned::Owner::drop");
             return;
         }
         if let Ok(killed) = self.kill_in_place() {

@@ -659,3 +659,71 @@ fn a_poll_racing_the_last_drop_is_always_woken() {
     dropper.join().unwrap();
     println!("{rounds} races, {pending} polls pending before the drop");
 }
+
+/// `Owner::drop_deferred` of a `T` with drop glue: the object is dying at
+/// once, and `T` is dropped exactly once, by the engine or by the last
+/// reference's thread.
+#[test]
+fn drop_deferred_with_drop_glue_defers_and_drops_once() {
+    // Nobody referenced: the engine drops `T` after the kill completes.
+    let (v, d) = tracked(7);
+    let owner = Owner::new(v);
+    let weak = owner.downgrade();
+    owner.drop_deferred();
+    assert!(
+        weak.tryget_live().is_none(),
+        "dying once drop_deferred returned"
+    );
+    percpu_ref::flush();
+    assert_eq!(drops(&d), 1, "released by the engine after flush");
+    assert!(weak.tryget().is_none());
+
+    // Referenced from another thread: that thread's last put drops `T`.
+    let (v, d) = tracked(8);
+    let owner = Owner::new(v);
+    let r = owner.get();
+    owner.drop_deferred();
+    percpu_ref::flush();
+    assert_eq!(drops(&d), 0, "a Ref still holds it");
+    let payload = thread::spawn(move || {
+        let p = r.payload;
+        drop(r);
+        p
+    })
+    .join()
+    .unwrap();
+    assert_eq!(payload, 8);
+    assert_eq!(drops(&d), 1, "the last Ref's drop released it");
+}
+
+/// Many owners of a drop-glue `T` dropped with `drop_deferred` while other
+/// threads hold and drop references: each `T` dropped exactly once.
+#[test]
+fn drop_deferred_races_ref_drops() {
+    let n = if cfg!(miri) { 8 } else { 2_000 };
+    let drops = Arc::new(AtomicUsize::new(0));
+    let (tx, rx) = std::sync::mpsc::channel::<Ref<Tracked>>();
+    let holder = thread::spawn(move || {
+        let mut seen = 0u64;
+        for r in rx {
+            seen += r.payload;
+        }
+        seen
+    });
+    for i in 0..n {
+        let owner = Owner::new(Tracked {
+            payload: i,
+            drops: drops.clone(),
+        });
+        tx.send(owner.get()).unwrap();
+        owner.drop_deferred();
+    }
+    drop(tx);
+    assert_eq!(holder.join().unwrap(), n * (n - 1) / 2);
+    percpu_ref::flush();
+    assert_eq!(
+        drops.load(Ordering::SeqCst),
+        n as usize,
+        "each T dropped once"
+    );
+}
