@@ -582,6 +582,12 @@ impl PercpuRef {
     /// A ref already in atomic mode needs no grace period: it is killed on
     /// the calling thread before this returns, as [`kill`](Self::kill).
     ///
+    /// The sharded backend needs no grace period either (each shard is
+    /// sealed by itself), but its deferred switches go through the engine
+    /// all the same, so that both backends behave alike: dying on return,
+    /// `confirm` and the puts on the engine thread, [`flush`](crate::flush)
+    /// as the barrier. A batch of sharded refs only skips the `membarrier`.
+    ///
     /// # Errors
     ///
     /// [`Error::AlreadyDead`] if the ref is already dead (nothing changes).
