@@ -21,8 +21,22 @@ use std::sync::atomic::{AtomicBool, AtomicIsize, AtomicUsize, Ordering::SeqCst};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-const REFS: usize = if cfg!(debug_assertions) { 400 } else { 4000 };
-const DROPPED_REFS: usize = if cfg!(debug_assertions) { 200 } else { 2000 };
+/// Miri (~10^4 times slower) runs a tenth of the debug size: 400 refs
+/// took 75 s for one seed there.
+const REFS: usize = if cfg!(miri) {
+    40
+} else if cfg!(debug_assertions) {
+    400
+} else {
+    4000
+};
+const DROPPED_REFS: usize = if cfg!(miri) {
+    20
+} else if cfg!(debug_assertions) {
+    200
+} else {
+    2000
+};
 
 /// What one ref's callbacks and users observe.
 #[derive(Default)]
