@@ -345,7 +345,9 @@ impl Css {
             CssState::Released
         } else if f & CSS_OFFLINED != 0 {
             CssState::Offline
-        } else if f & CSS_DYING != 0 {
+        } else if f & CSS_DYING != 0 || self.refcnt.is_dying() {
+            // The refcount too (read after the flags): a thread that saw it
+            // dead (a failed `tryget_online`) never reads an earlier state.
             CssState::Dying
         } else if f & CSS_ONLINE != 0 {
             CssState::Online
@@ -362,12 +364,15 @@ impl Css {
         self.flags.load(Ordering::Relaxed) & CSS_ONLINE != 0
     }
 
-    /// Whether `rmdir` killed the css (`css_is_dying`).
+    /// Whether `rmdir` killed the css (`css_is_dying`): as the kernel's,
+    /// this asks the refcount (`percpu_ref_is_dying`), not the `CSS_DYING`
+    /// flag. A thread whose [`tryget_online`](Self::tryget_online) failed
+    /// read the refcount's dead mode, and reads it again here, so it finds
+    /// the css dying; the flag, a different word set just before the kill,
+    /// may still read as not yet set on that thread.
     #[must_use]
     pub fn is_dying(&self) -> bool {
-        // ordering-audit: Relaxed: a snapshot of a value changed under cgroup_mutex; it publishes
-        // nothing (the kernel reads it plainly).
-        self.flags.load(Ordering::Relaxed) & CSS_DYING != 0
+        self.refcnt.is_dying()
     }
 
     /// Whether the refcount is still counting per CPU (until the kill).
