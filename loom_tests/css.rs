@@ -12,7 +12,7 @@
 
 use loom::sync::atomic::{AtomicBool, Ordering};
 use loom::sync::Arc;
-use percpu_ref::css::{Css, EventKind, Hierarchy, Recorder, Subsys};
+use percpu_ref::css::{Css, CssState, EventKind, Hierarchy, Recorder, Subsys};
 
 fn model(f: impl Fn() + Sync + Send + 'static) {
     let mut b = loom::model::Builder::new();
@@ -36,8 +36,9 @@ impl Subsys for OfflineFlag {
 }
 
 /// Once `css_offline` has run (after the kill's confirm), no
-/// `css_tryget_online` succeeds; a lookup by id never sees a released css;
-/// the css is freed exactly once after the last reference.
+/// `css_tryget_online` succeeds; one that failed finds the css dying; a
+/// lookup by id never sees a released css; the css is freed exactly once
+/// after the last reference.
 #[test]
 fn kill_css_vs_tryget_online() {
     model(|| {
@@ -49,14 +50,26 @@ fn kill_css_vs_tryget_online() {
         let t = loom::thread::spawn(move || {
             let guard = h2.rcu_read_lock();
             let was_offline = offline.load(Ordering::SeqCst);
-            let got = h2
-                .css_from_id(0, id, &guard)
-                .and_then(|css| css.tryget_online());
+            let css = h2.css_from_id(0, id, &guard);
+            let got = css.and_then(|css| css.tryget_online());
             if was_offline {
                 assert!(got.is_none(), "tryget_online succeeded after css_offline");
             }
+            if let (Some(css), None) = (css, &got) {
+                // It failed because the css was killed: this thread read the
+                // refcount dead, so css_is_dying says so too (here, not just
+                // once something orders this thread after the killer).
+                if let Some(r) = css.tryget() {
+                    assert!(r.is_dying(), "tryget_online failed, yet not dying");
+                    let state = r.state();
+                    assert!(
+                        matches!(state, CssState::Dying | CssState::Offline),
+                        "tryget_online failed, yet {state:?}"
+                    );
+                }
+            }
             if let Some(r) = &got {
-                assert_ne!(r.state(), percpu_ref::css::CssState::Released);
+                assert_ne!(r.state(), CssState::Released);
             }
             drop(got); // may be the last put: release runs on this thread
         });

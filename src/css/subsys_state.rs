@@ -345,7 +345,7 @@ impl Css {
             CssState::Released
         } else if f & CSS_OFFLINED != 0 {
             CssState::Offline
-        } else if f & CSS_DYING != 0 || self.refcnt.is_dying() {
+        } else if f & CSS_DYING != 0 || self.is_dying() {
             // The refcount too (read after the flags): a thread that saw it
             // dead (a failed `tryget_online`) never reads an earlier state.
             CssState::Dying
@@ -372,6 +372,11 @@ impl Css {
     /// may still read as not yet set on that thread.
     #[must_use]
     pub fn is_dying(&self) -> bool {
+        // mutant css_is_dying_flag: read the CSS_DYING flag instead.
+        #[cfg(percpu_ref_mutant = "css_is_dying_flag")]
+        // ordering-audit: mutant only (not built otherwise).
+        return self.flags.load(Ordering::Relaxed) & CSS_DYING != 0;
+        #[cfg(not(percpu_ref_mutant = "css_is_dying_flag"))]
         self.refcnt.is_dying()
     }
 
