@@ -24,22 +24,15 @@
 
 #![cfg(loom)]
 
+mod common;
+use common::{check, models};
+
 use loom::sync::atomic::{AtomicBool, AtomicUsize, Ordering::SeqCst};
 use loom::thread;
 use percpu_ref::__loom_engine::step;
 use percpu_ref::{Backend, InitFlags, PercpuRef};
 use std::pin::Pin;
 use std::sync::Arc;
-
-/// Runs `f` in every interleaving within the preemption bound (default
-/// `preemptions`, or `LOOM_MAX_PREEMPTIONS` when set).
-fn check(preemptions: usize, f: impl Fn() + Sync + Send + 'static) {
-    let mut builder = loom::model::Builder::new();
-    if builder.preemption_bound.is_none() {
-        builder.preemption_bound = Some(preemptions);
-    }
-    builder.check(f);
-}
 
 /// What a ref's callbacks and the model's threads observe.
 #[derive(Default)]
@@ -327,28 +320,6 @@ fn sync_kills_share_a_grace_period() {
 }
 
 // ----- the tests ------------------------------------------------------------
-
-macro_rules! models {
-    ($($model:ident: preemptions $bound:literal, backends [$($b:ident),+];)*) => {$(
-        mod $model {
-            $(
-                #[test]
-                #[allow(non_snake_case)]
-                fn $b() {
-                    super::check($bound, || super::$model(super::backend_named(stringify!($b))));
-                }
-            )+
-        }
-    )*};
-}
-
-fn backend_named(name: &str) -> Backend {
-    match name {
-        "sharded" => Backend::Sharded,
-        "rseq_model" => Backend::Rseq,
-        _ => unreachable!("{name}"),
-    }
-}
 
 models! {
     two_refs_one_batch: preemptions 2, backends [sharded, rseq_model];

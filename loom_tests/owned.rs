@@ -9,6 +9,9 @@
 //! Run: `RUSTFLAGS="--cfg loom" cargo test --release --test loom_owned`
 #![cfg(loom)]
 
+mod common;
+use common::check;
+
 use loom::cell::UnsafeCell;
 use loom::sync::atomic::{AtomicUsize as LoomAtomicUsize, Ordering as LoomOrdering};
 use loom::thread;
@@ -69,17 +72,6 @@ impl Drop for Checked {
 
 fn drops(d: &AtomicUsize) -> usize {
     d.load(Ordering::SeqCst)
-}
-
-/// `loom::model` with a preemption bound (default `preemptions`, or
-/// `LOOM_MAX_PREEMPTIONS` when set), for the models whose unbounded
-/// search takes too long.
-fn check(preemptions: usize, f: impl Fn() + Sync + Send + 'static) {
-    let mut builder = loom::model::Builder::new();
-    if builder.preemption_bound.is_none() {
-        builder.preemption_bound = Some(preemptions);
-    }
-    builder.check(f);
 }
 
 /// The last `Ref` is dropped on another thread while the owner kills and

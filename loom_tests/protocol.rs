@@ -19,31 +19,13 @@
 
 #![cfg(loom)]
 
+mod common;
+use common::models;
+
 use loom::sync::atomic::{AtomicBool, AtomicUsize, Ordering::SeqCst};
 use loom::sync::Arc;
 use loom::thread;
 use percpu_ref::{Backend, Error, InitFlags, PercpuRef};
-
-/// Runs `f` in every interleaving within the preemption bound (default
-/// `preemptions`, or `LOOM_MAX_PREEMPTIONS` when set).
-fn check(preemptions: usize, f: impl Fn() + Sync + Send + 'static) {
-    let mut builder = loom::model::Builder::new();
-    if builder.preemption_bound.is_none() {
-        builder.preemption_bound = Some(preemptions);
-    }
-    let runs = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
-    let counter = runs.clone();
-    builder.check(move || {
-        counter.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        f()
-    });
-    // Seen with --nocapture: a model that explores one execution checks
-    // one interleaving only (see docs/reliability.md, "How it is checked").
-    eprintln!(
-        "{} executions",
-        runs.load(std::sync::atomic::Ordering::Relaxed)
-    );
-}
 
 /// What the release callback and the threads of a model observe.
 #[derive(Default)]
@@ -536,30 +518,8 @@ fn percpu_switch_vs_atomic_put_and_tryget(backend: Backend) {
 
 // ----- the tests ------------------------------------------------------------
 
-/// One test per backend for a model: `MODEL::sharded` and `MODEL::rseq_model`
-/// (`kill_atomic_vs_put` never counts per CPU, so it runs once).
-macro_rules! models {
-    ($($model:ident: preemptions $bound:literal, backends [$($b:ident),+];)*) => {$(
-        mod $model {
-            $(
-                #[test]
-                #[allow(non_snake_case)]
-                fn $b() {
-                    super::check($bound, || super::$model(super::backend_named(stringify!($b))));
-                }
-            )+
-        }
-    )*};
-}
-
-fn backend_named(name: &str) -> Backend {
-    match name {
-        "sharded" => Backend::Sharded,
-        "rseq_model" => Backend::Rseq,
-        _ => unreachable!("{name}"),
-    }
-}
-
+// One test per backend for a model: `MODEL::sharded` and `MODEL::rseq_model`
+// (`kill_atomic_vs_put` never counts per CPU, so it runs once).
 models! {
     kill_vs_get_put: preemptions 3, backends [sharded, rseq_model];
     switch_vs_final_put: preemptions 3, backends [sharded, rseq_model];

@@ -15,46 +15,17 @@
 //! that batch, must be able to queue and exit.
 #![cfg(all(unix, not(miri)))]
 
+mod common;
+use common::{backends, wait_or_kill};
+
 use percpu_ref::{Backend, InitFlags, PercpuRef};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::SeqCst};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// A child does milliseconds of work; far more means it hangs.
 const CHILD_TIMEOUT: Duration = Duration::from_secs(10);
 const FORKS: usize = if cfg!(debug_assertions) { 10 } else { 40 };
-
-/// Waits for child `pid` at most `timeout`; its wait status, or `None` if
-/// it was still running (it is then killed and reaped).
-fn wait_or_kill(pid: libc::pid_t, timeout: Duration) -> Option<libc::c_int> {
-    let deadline = Instant::now() + timeout;
-    loop {
-        let mut status = 0;
-        // SAFETY: waits for our own child without blocking.
-        let r = unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) };
-        assert!(r >= 0, "waitpid: {}", std::io::Error::last_os_error());
-        if r == pid {
-            return Some(status);
-        }
-        if Instant::now() >= deadline {
-            // SAFETY: kills and reaps our own child.
-            unsafe {
-                libc::kill(pid, libc::SIGKILL);
-                libc::waitpid(pid, &mut status, 0);
-            }
-            return None;
-        }
-        std::thread::sleep(Duration::from_micros(500));
-    }
-}
-
-fn backends() -> Vec<Backend> {
-    let mut b = vec![Backend::Sharded];
-    if Backend::Rseq.is_available() {
-        b.push(Backend::Rseq);
-    }
-    b
-}
 
 /// Kills `n` fresh refs on `backend` with the deferred API, dropping each
 /// at once (waits for the engine); returns (confirms, releases).

@@ -19,11 +19,14 @@
 //! `GLIBC_TUNABLES=glibc.pthread.rseq=0`).
 #![cfg(percpu_ref_rseq)]
 
+mod common;
+use common::wait_or_kill;
+
 use percpu_ref::{backend, possible_cpus, Backend, InitFlags, PercpuRef};
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::SeqCst};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// Whether the rseq tests can run here; prints why not.
 fn rseq_or_skip() -> bool {
@@ -41,30 +44,6 @@ fn rseq_or_skip() -> bool {
 /// A ref on the rseq backend.
 fn rseq_ref() -> PercpuRef {
     PercpuRef::with_backend(|_| {}, InitFlags::empty(), Backend::Rseq).unwrap()
-}
-
-/// Waits for child `pid` at most `timeout`; its wait status, or `None` if
-/// it was still running (it is then killed and reaped).
-fn wait_or_kill(pid: libc::pid_t, timeout: Duration) -> Option<libc::c_int> {
-    let deadline = Instant::now() + timeout;
-    loop {
-        let mut status = 0;
-        // SAFETY: waits for our own child without blocking.
-        let r = unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) };
-        assert!(r >= 0, "waitpid: {}", std::io::Error::last_os_error());
-        if r == pid {
-            return Some(status);
-        }
-        if Instant::now() >= deadline {
-            // SAFETY: kills and reaps our own child.
-            unsafe {
-                libc::kill(pid, libc::SIGKILL);
-                libc::waitpid(pid, &mut status, 0);
-            }
-            return None;
-        }
-        std::thread::sleep(Duration::from_micros(200));
-    }
 }
 
 const THREADS: usize = 8;

@@ -59,3 +59,28 @@ pub fn try_panic_message(f: impl FnOnce()) -> Option<String> {
 pub fn panic_message(f: impl FnOnce()) -> String {
     try_panic_message(f).expect("expected a panic")
 }
+
+/// Waits for child `pid` at most `timeout`; its wait status, or `None` if
+/// it was still running (it is then killed and reaped). For the fork tests.
+#[cfg(all(unix, not(miri)))]
+pub fn wait_or_kill(pid: libc::pid_t, timeout: std::time::Duration) -> Option<libc::c_int> {
+    let deadline = std::time::Instant::now() + timeout;
+    loop {
+        let mut status = 0;
+        // SAFETY: waits for our own child without blocking.
+        let r = unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) };
+        assert!(r >= 0, "waitpid: {}", std::io::Error::last_os_error());
+        if r == pid {
+            return Some(status);
+        }
+        if std::time::Instant::now() >= deadline {
+            // SAFETY: kills and reaps our own child.
+            unsafe {
+                libc::kill(pid, libc::SIGKILL);
+                libc::waitpid(pid, &mut status, 0);
+            }
+            return None;
+        }
+        std::thread::sleep(std::time::Duration::from_micros(200));
+    }
+}
