@@ -895,21 +895,19 @@ impl<T> Owner<T> {
     where
         T: Send + 'static,
     {
+        if self.frozen {
+            // Frozen for good (a leaked `Frozen`): already dead; `Drop`
+            // gives up the unit through the claim, with no grace period.
+            return drop(self);
+        }
         let mut this = ManuallyDrop::new(self);
         this.let_go_deferred("owned::Owner::drop_deferred");
     }
 
-    /// The deferred `Drop`: kills through the engine and gives up the
-    /// owner's unit; `self` must not be used afterwards. A frozen-for-good
-    /// owner (a leaked `Frozen`) is already dead, released and claimed: it
-    /// only gives up its unit through the claim, as a `Killed` would.
+    /// The deferred `Drop` of an owner that is not frozen: kills through
+    /// the engine and gives up the owner's unit; `self` must not be used
+    /// afterwards.
     fn let_go_deferred(&mut self, op: &'static str) {
-        if self.frozen {
-            if let Ok(killed) = self.kill_in_place() {
-                drop(killed);
-            }
-            return;
-        }
         self.kill_deferred(op);
         // SAFETY: the owner's unit, given up: nothing of `self` is used
         // after this.

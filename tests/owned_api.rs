@@ -727,3 +727,15 @@ fn drop_deferred_races_ref_drops() {
         "each T dropped once"
     );
 }
+
+/// `drop_deferred` of an owner frozen for good (its `Frozen` guard leaked):
+/// already dead and released, so `T` is dropped at once, as a plain drop
+/// would.
+#[test]
+fn drop_deferred_of_an_owner_frozen_for_good() {
+    let (v, d) = tracked(9);
+    let mut owner = Owner::new(v);
+    std::mem::forget(owner.freeze());
+    owner.drop_deferred();
+    assert_eq!(drops(&d), 1, "T dropped by drop_deferred itself");
+}
