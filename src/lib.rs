@@ -234,7 +234,9 @@
 //!   thread), the switch is undone before anything was summed:
 //!   [`kill`](PercpuRef::kill) returns [`Error::GracePeriodFailed`] and
 //!   [`switch_to_atomic`](PercpuRef::switch_to_atomic) panics, with the ref
-//!   exactly as it was.
+//!   exactly as it was. A grace period serves the whole process, though:
+//!   a switch on the blocked thread that another thread's grace period
+//!   serves (one that started after the switch) completes normally.
 //!
 //! # Limitations
 //!

@@ -36,7 +36,10 @@
 //!   anything was summed: the mode word and the counter go back to what
 //!   they were, and the caller gets [`Error::GracePeriodFailed`]. Operations
 //!   that saw the transient atomic mode counted on the biased atomic
-//!   counter, which is exact in either mode.
+//!   counter, which is exact in either mode. Grace periods are shared, so
+//!   a switch that another thread's grace period serves (one that started
+//!   after the switch's store) completes even on a thread whose own
+//!   `membarrier` would be refused.
 //! - `_many` operations with `n >= PERCPU_N_LIMIT` take the atomic path even
 //!   in percpu mode, so one call can never push a per-CPU counter, or the
 //!   sharded backend's seal, out of its range, and an overflow is caught

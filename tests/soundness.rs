@@ -1,15 +1,11 @@
 //! The promises of `PercpuRef` under hostile input: panicking callbacks,
-//! refused grace periods, released refs sent back to percpu mode, huge `n`
+//! released refs sent back to percpu mode, huge `n`
 //! and counts at their limit. Each test runs on every available backend.
 //! (Issue 10, items 5 to 9; the css and rseq items have their own files.)
 
 mod common;
 use common::{backends, counted, counted_with, panic_message};
-#[cfg(all(target_os = "linux", target_arch = "x86_64"))]
-use percpu_ref::Backend;
 use percpu_ref::{Error, InitFlags};
-#[cfg(all(target_os = "linux", target_arch = "x86_64"))]
-use std::sync::atomic::AtomicUsize;
 use std::sync::atomic::Ordering::SeqCst;
 use std::sync::Arc;
 
@@ -275,123 +271,5 @@ fn a_miscounted_ref_never_releases_and_refuses_to_go_percpu() {
     }
 }
 
-// ----- item 6: a refused grace period undoes the switch -------------------------
-
-/// Installs, on the calling thread only, a seccomp filter that fails
-/// `membarrier` with EPERM (as a sandbox applied after start-up would).
-#[cfg(all(target_os = "linux", target_arch = "x86_64"))]
-fn block_membarrier_on_this_thread() {
-    use libc::{sock_filter, sock_fprog};
-    const AUDIT_ARCH_X86_64: u32 = 0xc000_003e;
-    let stmt = |code: u16, k: u32| sock_filter {
-        code,
-        jt: 0,
-        jf: 0,
-        k,
-    };
-    let jeq = |k: u32, jt: u8, jf: u8| sock_filter {
-        code: (libc::BPF_JMP | libc::BPF_JEQ | libc::BPF_K) as u16,
-        jt,
-        jf,
-        k,
-    };
-    let ld = (libc::BPF_LD | libc::BPF_W | libc::BPF_ABS) as u16;
-    let ret = (libc::BPF_RET | libc::BPF_K) as u16;
-    let mut prog = [
-        stmt(ld, 4), // seccomp_data.arch
-        jeq(AUDIT_ARCH_X86_64, 0, 3),
-        stmt(ld, 0), // seccomp_data.nr
-        jeq(libc::SYS_membarrier as u32, 0, 1),
-        stmt(ret, libc::SECCOMP_RET_ERRNO | libc::EPERM as u32),
-        stmt(ret, libc::SECCOMP_RET_ALLOW),
-    ];
-    let fprog = sock_fprog {
-        len: prog.len() as u16,
-        filter: prog.as_mut_ptr(),
-    };
-    // SAFETY: plain prctl calls with integer arguments and a pointer to a
-    // valid filter program that outlives the call; the filter applies to
-    // this thread only (no TSYNC flag).
-    unsafe {
-        assert_eq!(libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), 0);
-        assert_eq!(
-            libc::prctl(
-                libc::PR_SET_SECCOMP,
-                libc::SECCOMP_MODE_FILTER,
-                &fprog as *const sock_fprog
-            ),
-            0,
-            "seccomp: {}",
-            std::io::Error::last_os_error()
-        );
-    }
-}
-
-#[cfg(all(target_os = "linux", target_arch = "x86_64"))]
-#[test]
-fn a_refused_grace_period_undoes_the_switch() {
-    if !Backend::Rseq.is_available() {
-        eprintln!("skipped: the rseq backend is not available");
-        return;
-    }
-    let (r, rel) = counted(InitFlags::ALLOW_REINIT, Backend::Rseq);
-    let r = Arc::new(r);
-    r.get_many(5);
-    // Another thread keeps counting per CPU throughout.
-    let stop = Arc::new(AtomicUsize::new(0));
-    let worker = {
-        let (r, stop) = (r.clone(), stop.clone());
-        std::thread::spawn(move || {
-            let mut n = 0u64;
-            while stop.load(SeqCst) == 0 {
-                r.get();
-                r.put();
-                n += 1;
-            }
-            n
-        })
-    };
-    let confirmed = Arc::new(AtomicUsize::new(0));
-    {
-        let (r, confirmed) = (r.clone(), confirmed.clone());
-        std::thread::spawn(move || {
-            block_membarrier_on_this_thread();
-            let e = r
-                .kill_and_confirm(|_| {
-                    confirmed.fetch_add(1, SeqCst);
-                })
-                .unwrap_err();
-            assert!(
-                matches!(
-                    e,
-                    Error::GracePeriodFailed {
-                        op: "kill_and_confirm",
-                        errno: libc::EPERM
-                    }
-                ),
-                "{e:?}"
-            );
-            assert!(e.to_string().contains("undone"), "{e}");
-            assert!(r.is_percpu() && !r.is_dying(), "the kill was undone");
-            let msg = panic_message(|| r.switch_to_atomic());
-            assert!(msg.contains("switch_to_atomic") && msg.contains("membarrier"));
-            assert!(r.is_percpu(), "the switch was undone");
-            assert!(r.tryget_live());
-            r.put();
-        })
-        .join()
-        .unwrap();
-    }
-    assert_eq!(confirmed.load(SeqCst), 0, "confirm never ran");
-    // On a loaded machine the worker may not have run yet: let it count.
-    std::thread::sleep(std::time::Duration::from_millis(20));
-    stop.store(1, SeqCst);
-    assert!(worker.join().unwrap() > 0);
-    // A thread without the filter can kill it, and the count is exact.
-    r.switch_to_atomic();
-    assert_eq!(r.atomic_count(), Some(6), "nothing lost, nothing twice");
-    r.switch_to_percpu().unwrap();
-    r.kill().unwrap();
-    r.put_many(5);
-    assert_eq!(rel.load(SeqCst), 1);
-}
+// Item 6 (a refused grace period undoes the switch) is in
+// `tests/refused_grace_period.rs`: it needs a binary of its own.
