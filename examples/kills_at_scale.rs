@@ -24,6 +24,13 @@
 //!   callers share grace periods, so there are fewer grace periods than
 //!   kills.
 //!
+//! A second table gives the latency of one kill until its release, the
+//! killer doing `--latency-kills` of them one at a time (the busy thread
+//! still running; the median per kill is shown): a synchronous `kill`; a
+//! `kill_deferred` then `flush`; `Owner::kill().wait()`, which hurries the
+//! engine; and, as the floor the engine's batching would otherwise set,
+//! `Owner::kill()` then `try_take` until it succeeds, which does not.
+//!
 //! Grace periods are counted with `percpu_ref::percpu::grace_periods()`
 //! (each one is a `membarrier` on the rseq backend). The busy thread's
 //! share is its get + put rate during the row's window over its rate in a
@@ -83,6 +90,15 @@ struct Args {
         value_parser = RangedU64ValueParser::<usize>::new().range(1..=100)
     )]
     reps: usize,
+
+    /// Single kills timed one at a time for the latency table, per rep
+    #[arg(
+        long,
+        value_name = "N",
+        default_value_t = 200,
+        value_parser = RangedU64ValueParser::<usize>::new().range(1..=100_000)
+    )]
+    latency_kills: usize,
 }
 
 /// The busy thread: get + put on its own ref, counting pairs.
@@ -219,6 +235,57 @@ fn two_killers(cpus: &[usize], n: usize) -> Sample {
     }
 }
 
+/// Latency of one kill until its release, one at a time: the median over
+/// `n` kills of `kill_one`'s seconds.
+fn latency_row(n: usize, kill_one: impl Fn()) -> f64 {
+    median(
+        (0..n)
+            .map(|_| {
+                let t0 = Instant::now();
+                kill_one();
+                t0.elapsed().as_secs_f64()
+            })
+            .collect(),
+    )
+}
+
+/// The latency table's rows, in the order printed.
+const LATENCY_ROWS: [&str; 4] = [
+    "synchronous `kill` (the release runs inside it)",
+    "`kill_deferred`, then `flush`",
+    "`Owner::kill().wait()`, no `Ref` left",
+    "`Owner::kill()`, then `try_take` until it succeeds (the engine not hurried)",
+];
+
+/// Every latency row's samples, killing one at a time with `busy` running.
+fn measure_latency(n: usize, samples: &mut [Vec<f64>]) {
+    samples[0].push(latency_row(n, || {
+        let r = PercpuRef::new(|_| {});
+        r.kill().unwrap();
+        assert!(r.is_zero());
+    }));
+    samples[1].push(latency_row(n, || {
+        let r = Box::pin(PercpuRef::new(|_| {}));
+        r.as_ref().kill_deferred().unwrap();
+        flush();
+        assert!(r.is_zero());
+    }));
+    samples[2].push(latency_row(n, || {
+        assert_eq!(Owner::new(7u64).kill().wait(), 7);
+    }));
+    samples[3].push(latency_row(n, || {
+        let mut k = Owner::new(7u64).kill();
+        let v = loop {
+            match k.try_take() {
+                Ok(v) => break v,
+                Err(again) => k = again,
+            }
+            std::hint::spin_loop();
+        };
+        assert_eq!(v, 7);
+    }));
+}
+
 /// The rows, in the order printed.
 const ROWS: [&str; 6] = [
     "synchronous `kill`",
@@ -231,11 +298,12 @@ const ROWS: [&str; 6] = [
 
 /// Every row's samples, and the CPUs the process was allowed (read before
 /// this thread pins itself).
-fn measure(args: &Args) -> (Vec<Vec<Sample>>, Vec<usize>) {
+fn measure(args: &Args) -> (Vec<Vec<Sample>>, Vec<Vec<f64>>, Vec<usize>) {
     let cpus = affinity::allowed_cpus();
     let (killer_cpu, busy_cpu) = (cpus[0], *cpus.last().unwrap());
     let n = args.kills;
     let mut samples = vec![Vec::new(); ROWS.len()];
+    let mut latency = vec![Vec::new(); LATENCY_ROWS.len()];
     for rep in 0..args.reps {
         eprintln!("kills_at_scale: rep {} of {}", rep + 1, args.reps);
         let busy = Busy {
@@ -254,11 +322,12 @@ fn measure(args: &Args) -> (Vec<Vec<Sample>>, Vec<usize>) {
                 OldOwnerDrop(r)
             }));
             samples[4].push(drop_row(&busy, n, || Arc::new(0u64)));
+            measure_latency(args.latency_kills, &mut latency);
             busy.stop.store(true, Relaxed);
         });
         samples[5].push(two_killers(&cpus, n));
     }
-    (samples, cpus)
+    (samples, latency, cpus)
 }
 
 /// What `Owner::drop` did before issue 12: a synchronous kill, then the
@@ -284,7 +353,7 @@ fn verdict(met: bool) -> &'static str {
     }
 }
 
-fn report(args: &Args, samples: &[Vec<Sample>], cpus: &[usize]) -> String {
+fn report(args: &Args, samples: &[Vec<Sample>], latency: &[Vec<f64>], cpus: &[usize]) -> String {
     let n = args.kills;
     let med = |row: usize, f: fn(&Sample) -> f64| median(samples[row].iter().map(f).collect());
     let mut w = String::new();
@@ -349,6 +418,15 @@ fn report(args: &Args, samples: &[Vec<Sample>], cpus: &[usize]) -> String {
          with the killer idle. Grace periods: `percpu::grace_periods()` (one \
          `membarrier` each on rseq)."
     );
+    let _ = writeln!(
+        w,
+        "\nOne kill until its release, {} one at a time, the other CPU busy (median per \
+         kill):\n\n| | latency |\n|---|--:|",
+        args.latency_kills
+    );
+    for (name, s) in LATENCY_ROWS.iter().zip(latency) {
+        let _ = writeln!(w, "| {name} | {:.1} µs |", median(s.clone()) * 1e6);
+    }
     w
 }
 
@@ -361,8 +439,8 @@ fn main() -> ExitCode {
         }
     };
     let t0 = Instant::now();
-    let (samples, cpus) = measure(&args);
-    print!("{}", report(&args, &samples, &cpus));
+    let (samples, latency, cpus) = measure(&args);
+    print!("{}", report(&args, &samples, &latency, &cpus));
     eprintln!(
         "kills_at_scale: done in {:.1} s",
         t0.elapsed().as_secs_f64()
@@ -382,12 +460,21 @@ mod tests {
 
     #[test]
     fn a_tiny_run_counts_every_release_and_prints_every_row() {
-        let args =
-            Args::try_parse_from(["kills_at_scale", "--kills", "64", "--reps", "1"]).unwrap();
-        let (samples, cpus) = measure(&args);
+        let args = Args::try_parse_from([
+            "kills_at_scale",
+            "--kills",
+            "64",
+            "--reps",
+            "1",
+            "--latency-kills",
+            "4",
+        ])
+        .unwrap();
+        let (samples, latency, cpus) = measure(&args);
         assert!(samples.iter().all(|s| s.len() == 1));
-        let md = report(&args, &samples, &cpus);
-        for row in ROWS {
+        assert!(latency.iter().all(|s| s.len() == 1));
+        let md = report(&args, &samples, &latency, &cpus);
+        for row in ROWS.iter().chain(&LATENCY_ROWS) {
             assert!(md.contains(row), "{row} missing from\n{md}");
         }
     }
@@ -396,6 +483,7 @@ mod tests {
     fn options_are_checked() {
         assert!(Args::try_parse_from(["k", "--kills", "1"]).is_err());
         assert!(Args::try_parse_from(["k", "--reps", "0"]).is_err());
+        assert!(Args::try_parse_from(["k", "--latency-kills", "0"]).is_err());
         let a = Args::try_parse_from(["k"]).unwrap();
         assert_eq!((a.kills, a.reps), (20_000, 3));
     }

@@ -671,6 +671,13 @@ pub fn flush() {
     wait_until(|d| d.finished < ticket);
 }
 
+/// A thread is about to block until a queued switch completes (without
+/// [`wait_until`], which hurries itself): the engine takes the queue now.
+#[cfg(not(loom))]
+pub(crate) fn hurry_engine() {
+    hurry(engine());
+}
+
 /// Someone waits for the queue: take it without gathering, and start the
 /// engine if it is not running.
 fn hurry(e: &Engine) {
