@@ -28,8 +28,9 @@
 //! killer doing `--latency-kills` of them one at a time (the busy thread
 //! still running; the median per kill is shown): a synchronous `kill`; a
 //! `kill_deferred` then `flush`; `Owner::kill().wait()`, which hurries the
-//! engine; and, as the floor the engine's batching would otherwise set,
-//! `Owner::kill()` then `try_take` until it succeeds, which does not.
+//! engine; and, as the baseline (what the engine's batching costs a lone
+//! kill that nothing hurries), `Owner::kill()` then `try_take` until it
+//! succeeds.
 //!
 //! Grace periods are counted with `percpu_ref::percpu::grace_periods()`
 //! (each one is a `membarrier` on the rseq backend). The busy thread's

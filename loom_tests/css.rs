@@ -12,14 +12,13 @@
 
 use loom::sync::atomic::{AtomicBool, Ordering};
 use loom::sync::Arc;
+mod common;
+
 use percpu_ref::css::{Css, CssState, EventKind, Hierarchy, Recorder, Subsys};
 
+/// The css models run within 2 preemptions (or `LOOM_MAX_PREEMPTIONS`).
 fn model(f: impl Fn() + Sync + Send + 'static) {
-    let mut b = loom::model::Builder::new();
-    if b.preemption_bound.is_none() {
-        b.preemption_bound = Some(2);
-    }
-    b.check(f);
+    common::check(2, f);
 }
 
 /// Sets a flag when the css goes offline.

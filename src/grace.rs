@@ -577,8 +577,8 @@ pub(crate) fn dropped_by_release() -> bool {
 /// queue is taken without the gathering delay (and the engine is started
 /// if it is not running, as in a child after `fork`).
 pub(crate) fn wait_until(mut pending: impl FnMut(&Done) -> bool) {
+    hurry();
     let e = engine();
-    hurry(e);
     let mut d = sync::lock(&e.done);
     while pending(&d) {
         #[cfg(loom)]
@@ -671,16 +671,11 @@ pub fn flush() {
     wait_until(|d| d.finished < ticket);
 }
 
-/// A thread is about to block until a queued switch completes (without
-/// [`wait_until`], which hurries itself): the engine takes the queue now.
-#[cfg(not(loom))]
-pub(crate) fn hurry_engine() {
-    hurry(engine());
-}
-
 /// Someone waits for the queue: take it without gathering, and start the
-/// engine if it is not running.
-fn hurry(e: &Engine) {
+/// engine if it is not running. [`wait_until`] calls it; so does a thread
+/// about to block on a queued switch by other means (`Killed::wait`).
+pub(crate) fn hurry() {
+    let e = engine();
     let mut q = sync::lock(&e.queue);
     if q.entries.is_empty() {
         return;

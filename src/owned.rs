@@ -379,7 +379,7 @@ impl<T> Inner<T> {
         // of an unreferenced object took 1.1 ms instead of a grace period.
         #[cfg(not(loom))]
         if self.pref.is_pending() {
-            crate::grace::hurry_engine();
+            crate::grace::hurry();
         }
         self.wait_released(deadline)
     }
