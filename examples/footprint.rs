@@ -122,6 +122,11 @@ struct Args {
     #[arg(long)]
     json: bool,
 
+    /// The memory rows only, no throughput (for emulated guests, where
+    /// times mean nothing: scripts/vm-test); ends with a `vm-counts:` line
+    #[arg(long)]
+    counts_only: bool,
+
     /// Internal: measure BACKEND:REFS in this process, print one JSON line
     #[arg(long, hide = true, value_name = "BACKEND:REFS")]
     child: Option<String>,
@@ -135,6 +140,7 @@ struct Options {
     reps: usize,
     threads: usize,
     json: bool,
+    counts_only: bool,
     child: Option<String>,
 }
 
@@ -155,6 +161,7 @@ where
             .threads
             .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get())),
         json: a.json,
+        counts_only: a.counts_only,
         child: a.child,
     })
 }
@@ -182,7 +189,9 @@ fn main() -> ExitCode {
     let start = Instant::now();
     match run(&opts, &mut measure_in_child, &mut |l| eprintln!("{l}")) {
         Ok(report) => {
-            if opts.json {
+            if opts.counts_only {
+                print!("{}", report.counts());
+            } else if opts.json {
                 println!("{:#}", report.to_json());
             } else {
                 print!("{}", report.markdown());
@@ -721,6 +730,9 @@ fn run(
     }
     let mut subjects: Vec<Subject> = backends.iter().map(|&b| Subject::Percpu(b)).collect();
     subjects.push(Subject::Arc);
+    if opts.counts_only {
+        subjects.clear();
+    }
     let counts: Vec<usize> = if opts.threads > 1 {
         vec![1, opts.threads]
     } else {
@@ -763,6 +775,42 @@ fn run(
 }
 
 impl Report {
+    /// `--counts-only`: the memory rows, and one `vm-counts:` line of whole
+    /// bytes per ref for scripts/vm-test.
+    fn counts(&self) -> String {
+        let cpus = self.possible_cpus;
+        let mut s = format!(
+            "footprint --counts-only: {cpus} possible CPUs, {} CPUs allowed, \
+             `size_of::<PercpuRef>()` = {OBJECT} B\n\n\
+             | backend | refs | RSS growth per ref | counters per ref | 8 B × {cpus} CPUs |\n\
+             |---|--:|--:|--:|--:|\n",
+            affinity::allowed_cpus().len()
+        );
+        let mut kv = format!("vm-counts: possible_cpus={cpus}");
+        for m in &self.memory {
+            let rss = m
+                .rss_per_ref()
+                .map_or("n/a".into(), |r| format!("{r:.1} B"));
+            let _ = writeln!(
+                s,
+                "| {} | {} | {rss} | {:.0} B | {} B |",
+                m.backend,
+                m.refs,
+                m.percpu_per_ref(),
+                8 * cpus
+            );
+            if let Some(r) = m.rss_per_ref() {
+                let _ = write!(
+                    kv,
+                    " rss_per_ref_{}={}",
+                    m.backend,
+                    r.round().max(0.0) as u64
+                );
+            }
+        }
+        s + "\n" + &kv + "\n"
+    }
+
     fn arc_one(&self) -> Option<f64> {
         self.throughput
             .iter()
@@ -1098,6 +1146,25 @@ mod tests {
         assert!(parse(["footprint", "--refs", "0"]).is_err());
         assert!(parse(["footprint", "--reps", "0"]).is_err());
         assert!(parse(["footprint", "--refs", "1000000000"]).is_err());
+        assert!(parse(["footprint", "--counts-only"]).unwrap().counts_only);
+    }
+
+    #[test]
+    fn counts_only_measures_memory_and_no_throughput() {
+        let opts = parse([
+            "footprint",
+            "--refs",
+            "2000",
+            "--reps",
+            "1",
+            "--counts-only",
+        ])
+        .unwrap();
+        let report = run(&opts, &mut measure_memory, &mut |_| {}).unwrap();
+        assert!(report.throughput.is_empty());
+        let out = report.counts();
+        assert!(out.contains("vm-counts: possible_cpus="), "{out}");
+        assert!(out.contains("| 2000 |"), "{out}");
     }
 
     #[test]

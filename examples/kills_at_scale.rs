@@ -100,6 +100,12 @@ struct Args {
         value_parser = RangedU64ValueParser::<usize>::new().range(1..=100_000)
     )]
     latency_kills: usize,
+
+    /// Counts only, no times (for emulated guests, where times mean
+    /// nothing: scripts/vm-test): the grace periods of each row's kills,
+    /// every release checked, and no busy thread
+    #[arg(long)]
+    counts_only: bool,
 }
 
 /// The busy thread: get + put on its own ref, counting pairs.
@@ -431,6 +437,58 @@ fn report(args: &Args, samples: &[Vec<Sample>], latency: &[Vec<f64>], cpus: &[us
     w
 }
 
+/// The grace periods `f` issued.
+fn grace_periods_of(f: impl FnOnce()) -> u64 {
+    let gp0 = grace_periods();
+    f();
+    grace_periods() - gp0
+}
+
+/// `--counts-only`: each row's kills once, counting grace periods (the
+/// killer is not pinned and nothing else runs: under emulation only the
+/// counts are meaningful).
+fn counts(args: &Args) -> String {
+    let n = args.kills;
+    let released = Arc::new(AtomicUsize::new(0));
+    let sync = {
+        let v = refs(n, &released);
+        grace_periods_of(|| v.iter().for_each(|r| r.kill().unwrap()))
+    };
+    let deferred = {
+        let v = refs(n, &released);
+        grace_periods_of(|| {
+            v.iter().for_each(|r| r.as_ref().kill_deferred().unwrap());
+            flush();
+        })
+    };
+    assert_eq!(released.load(Relaxed), 2 * n, "every killed ref released");
+    let owners = {
+        let v: Vec<_> = (0..n).map(|_| Owner::new(0u64)).collect();
+        grace_periods_of(|| {
+            drop(v);
+            flush();
+        })
+    };
+    let two = two_killers(&affinity::allowed_cpus(), n).grace_periods;
+    let mut w = String::new();
+    let _ = writeln!(
+        w,
+        "kills_at_scale --counts-only: {n} kills per row, backend {}, {} CPUs allowed\n\n\
+         | {n} kills | grace periods |\n|---|--:|\n\
+         | synchronous `kill` | {sync} |\n\
+         | `kill_deferred`, then `flush` | {deferred} |\n\
+         | drop `Owner<u64>`, then `flush` | {owners} |\n\
+         | two threads, {} sync kills each | {two} |\n\n\
+         vm-counts: kills={n} sync_kill_gps={sync} deferred_kill_gps={deferred} \
+         owner_drop_gps={owners} two_killer_gps={two} grace_periods={}",
+        backend(),
+        affinity::allowed_cpus().len(),
+        n / 2,
+        grace_periods()
+    );
+    w
+}
+
 fn main() -> ExitCode {
     let args = match Args::try_parse() {
         Ok(a) => a,
@@ -440,6 +498,10 @@ fn main() -> ExitCode {
         }
     };
     let t0 = Instant::now();
+    if args.counts_only {
+        print!("{}", counts(&args));
+        return ExitCode::SUCCESS;
+    }
     let (samples, latency, cpus) = measure(&args);
     print!("{}", report(&args, &samples, &latency, &cpus));
     eprintln!(
@@ -478,6 +540,14 @@ mod tests {
         for row in ROWS.iter().chain(&LATENCY_ROWS) {
             assert!(md.contains(row), "{row} missing from\n{md}");
         }
+    }
+
+    #[test]
+    fn counts_only_prints_counts_and_no_times() {
+        let args = Args::try_parse_from(["k", "--counts-only", "--kills", "64"]).unwrap();
+        let out = counts(&args);
+        assert!(out.contains("vm-counts: kills=64 sync_kill_gps="), "{out}");
+        assert!(!out.contains(" s |") && !out.contains("µs"), "{out}");
     }
 
     #[test]

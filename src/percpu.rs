@@ -47,6 +47,8 @@
 #[cfg(not(loom))]
 mod arena;
 pub(crate) mod cpus;
+#[cfg(all(percpu_ref_delay, not(loom)))]
+mod delay;
 #[cfg(loom)]
 mod model;
 #[cfg(percpu_ref_rseq)]

@@ -18,6 +18,8 @@ use percpu_ref::{Backend, InitFlags, PercpuRef};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::SeqCst};
 use std::sync::Arc;
 
+mod common;
+
 fn backends() -> Vec<Backend> {
     [Backend::Rseq, Backend::Sharded]
         .into_iter()
@@ -25,11 +27,16 @@ fn backends() -> Vec<Backend> {
         .collect()
 }
 
-const ROUNDS: usize = if cfg!(debug_assertions) {
-    5_000
-} else {
-    100_000
-};
+/// Rounds per thread (scaled down by `PERCPU_REF_TEST_SCALE` in emulated
+/// guests, where every third round's synchronous kill is a grace period
+/// that interrupts every vCPU).
+fn rounds() -> usize {
+    common::scaled(if cfg!(debug_assertions) {
+        5_000
+    } else {
+        100_000
+    })
+}
 
 /// One thread's churn: returns (refs killed, releases seen).
 fn churn(backend: Backend, seed: usize, stop_early: &AtomicBool) -> (usize, usize) {
@@ -38,7 +45,7 @@ fn churn(backend: Backend, seed: usize, stop_early: &AtomicBool) -> (usize, usiz
     // A few refs are held across rounds so that slots stay live while
     // others are dropped and reused around them.
     let mut held: Vec<(PercpuRef, u64)> = Vec::new();
-    for i in 0..ROUNDS {
+    for i in 0..rounds() {
         if stop_early.load(SeqCst) {
             break;
         }
@@ -107,6 +114,7 @@ fn many_threads_churn_refs_with_exact_releases() {
             "{backend}: every slot of an exited thread is free again"
         );
     }
+    common::report_counts();
 }
 
 /// Forks while the other threads churn: the child (which has only this

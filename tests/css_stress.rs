@@ -20,6 +20,8 @@ use std::sync::{Arc, Barrier, Mutex};
 use std::thread;
 use std::time::{Duration, Instant};
 
+mod common;
+
 /// A small xorshift generator (no dependency).
 struct Rng(u64);
 impl Rng {
@@ -252,4 +254,5 @@ fn css_stress() {
         s.lookups_ok.load(Ordering::Relaxed),
         checked
     );
+    common::report_counts();
 }

@@ -21,22 +21,33 @@ use std::sync::atomic::{AtomicBool, AtomicIsize, AtomicUsize, Ordering::SeqCst};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-/// Miri (~10^4 times slower) runs a tenth of the debug size: 400 refs
-/// took 75 s for one seed there.
-const REFS: usize = if cfg!(miri) {
-    40
-} else if cfg!(debug_assertions) {
-    400
-} else {
-    4000
-};
-const DROPPED_REFS: usize = if cfg!(miri) {
-    20
-} else if cfg!(debug_assertions) {
-    200
-} else {
-    2000
-};
+mod common;
+
+/// Refs killed under load. Miri (~10^4 times slower) runs a tenth of the
+/// debug size (400 refs took 75 s for one seed there); emulated guests
+/// scale it down too.
+fn ref_count() -> usize {
+    common::scaled(if cfg!(miri) {
+        40
+    } else if cfg!(debug_assertions) {
+        400
+    } else {
+        4000
+    })
+}
+/// Refs killed and dropped one at a time: each drop waits out a grace
+/// period, which in an emulated guest interrupts every vCPU running the
+/// test's 4x-the-cores threads, so `scripts/vm-test` scales it down
+/// (`PERCPU_REF_TEST_SCALE`).
+fn dropped_refs() -> usize {
+    common::scaled(if cfg!(miri) {
+        20
+    } else if cfg!(debug_assertions) {
+        200
+    } else {
+        2000
+    })
+}
 
 /// What one ref's callbacks and users observe.
 #[derive(Default)]
@@ -155,7 +166,8 @@ fn run(backend: Backend) {
     let killers = threads / 4;
     let users = threads - killers - 1;
     let v = Arc::new(Violations::default());
-    let refs: Arc<Vec<Tracked>> = Arc::new((0..REFS).map(|i| tracked(i, backend, &v)).collect());
+    let refs: Arc<Vec<Tracked>> =
+        Arc::new((0..ref_count()).map(|i| tracked(i, backend, &v)).collect());
     let stop = Arc::new(AtomicBool::new(false));
     let start = Instant::now();
 
@@ -170,12 +182,12 @@ fn run(backend: Backend) {
     let dropper = {
         let v = v.clone();
         std::thread::spawn(move || {
-            for i in 0..DROPPED_REFS {
-                let (r, t) = tracked_ref(REFS + i, backend, &v);
+            for i in 0..dropped_refs() {
+                let (r, t) = tracked_ref(ref_count() + i, backend, &v);
                 let r = Box::pin(r);
                 r.get();
                 r.as_ref()
-                    .kill_and_confirm_deferred(confirm_for(REFS + i, &t, &v))
+                    .kill_and_confirm_deferred(confirm_for(ref_count() + i, &t, &v))
                     .unwrap();
                 r.put();
                 drop(r); // waits for the engine
@@ -232,10 +244,13 @@ fn run(backend: Backend) {
     }
     v.assert_none(backend);
     eprintln!(
-        "{backend}: {REFS} refs killed by {killers} threads, {DROPPED_REFS} dropped after \
+        "{backend}: {} refs killed by {killers} threads, {} dropped after \
          their kill, {ops} user rounds by {users} threads, {:?}",
+        ref_count(),
+        dropped_refs(),
         start.elapsed()
     );
+    common::report_counts();
 }
 
 #[test]

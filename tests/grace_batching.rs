@@ -29,6 +29,8 @@ use percpu_ref::{Backend, InitFlags, PercpuRef};
 use std::pin::Pin;
 use std::time::Instant;
 
+mod common;
+
 const DEFERRED: usize = 20_000;
 /// The engine's `BATCH_FULL`: a batch this large runs its grace period at
 /// once (`src/grace.rs`, "The engine thread").
@@ -106,6 +108,7 @@ fn grace_periods_are_shared() {
     let gps = grace_periods() - before;
     let kills = 2 * SYNC_PER_THREAD as u64;
     eprintln!("2 threads x {SYNC_PER_THREAD} synchronous kills: {gps} grace periods");
+    common::report_counts();
     assert!(
         gps <= kills,
         "{gps} grace periods for {kills} concurrent synchronous kills"

@@ -12,32 +12,36 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Barrier, RwLock};
 use std::time::Duration;
 
+mod common;
+
 /// More threads than cores; Miri runs a few (it is ~10^4 times slower).
 const THREADS: usize = if cfg!(miri) { 3 } else { 16 };
 const WORDS: usize = 8;
 const POISON: u64 = 0xdead_dead_dead_dead;
 
-/// Ops per worker thread: ~10^6 in total in release, less in debug.
+/// Ops per worker thread: ~10^6 in total in release, less in debug (and
+/// in emulated guests: `PERCPU_REF_TEST_SCALE`, set by `scripts/vm-test`,
+/// scales this and the event and kill counts below).
 fn ops_per_thread() -> usize {
-    if cfg!(miri) {
+    common::scaled(if cfg!(miri) {
         150
     } else if cfg!(debug_assertions) {
         5_000
     } else {
         100_000
-    }
+    })
 }
 
 /// Freezes (or kills) the background thread must complete while the
 /// workers run: workers keep going until it has.
 fn min_events() -> usize {
-    if cfg!(miri) {
+    common::scaled(if cfg!(miri) {
         3
     } else if cfg!(debug_assertions) {
         100
     } else {
         300
-    }
+    })
 }
 
 struct Value {
@@ -317,7 +321,7 @@ fn lookup_table_churn_under_sixteen_threads() {
 fn deferred_kills_race_lookups_and_ref_drops() {
     const KILLERS: usize = 3;
     const SLOTS: usize = 8;
-    let per_killer = if cfg!(miri) { 6 } else { 2_000 };
+    let per_killer = common::scaled(if cfg!(miri) { 6 } else { 2_000 });
     // Under Miri THREADS is 3, as many as the killers: keep two readers.
     let readers = if cfg!(miri) { 2 } else { THREADS - KILLERS };
     let drops = Arc::new(AtomicUsize::new(0));
@@ -410,4 +414,5 @@ fn deferred_kills_race_lookups_and_ref_drops() {
         "every wait returned T"
     );
     assert!(got > 0, "the readers never found a live object");
+    common::report_counts();
 }

@@ -26,12 +26,18 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::SeqCst};
 use std::sync::{Arc, Barrier, Mutex};
 use std::time::Duration;
 
+mod common;
+
 const WORKERS: usize = 16;
-const OPS: u64 = if cfg!(debug_assertions) {
-    200_000
-} else {
-    10_000_000
-};
+/// Get/put operations per worker (scaled by `PERCPU_REF_TEST_SCALE`, which
+/// `scripts/vm-test` sets in guests with many emulated vCPUs).
+fn ops() -> u64 {
+    common::scaled(if cfg!(debug_assertions) {
+        200_000
+    } else {
+        10_000_000
+    }) as u64
+}
 /// Atomic<->percpu round trips made while the workers run, before the kill.
 const SWITCHES: usize = 200;
 
@@ -98,7 +104,7 @@ struct Report {
     cpus_seen: u64,
 }
 
-/// 16 workers each hold one reference and make `OPS` get/put operations
+/// 16 workers each hold one reference and make `ops()` get/put operations
 /// (at least; pairs of get_many(k)/put_many(k), k in 1..=3) on one shared ref. Meanwhile
 /// a helper flips every worker between the allowed CPUs, another sends them
 /// SIGUSR1 (a no-op handler) in a storm, and the main thread switches the
@@ -147,7 +153,7 @@ fn stress() -> Report {
             );
             let (finished, loops_done, may_finish) =
                 (finished.clone(), loops_done.clone(), may_finish.clone());
-            let killed = killed.clone();
+            let (killed, ops) = (killed.clone(), ops());
             std::thread::spawn(move || {
                 // SAFETY: pthread_self has no preconditions.
                 threads
@@ -165,7 +171,7 @@ fn stress() -> Report {
                     if done % 65_536 == 0 {
                         progress.fetch_add(65_536, SeqCst);
                         cpus_seen.fetch_or(1 << (current_cpu() % 64), SeqCst);
-                        if done >= OPS && killed.load(SeqCst) {
+                        if done >= ops && killed.load(SeqCst) {
                             break;
                         }
                     }
@@ -216,9 +222,15 @@ fn stress() -> Report {
         })
     };
     // Switch back and forth while the workers run, then kill halfway.
-    let total = WORKERS as u64 * OPS;
+    let total = WORKERS as u64 * ops();
     for _ in 0..SWITCHES {
         r.switch_to_atomic();
+        // Stay atomic a moment: an add that a broken grace period let
+        // commit after the sum lands now, on a counter that the switch
+        // back zeroes unread (without the pause it mostly landed after the
+        // zeroing and counted: scripts/vm-test's mutant rseq_no_grace_period
+        // was caught in 4 of 6 runs).
+        std::thread::sleep(Duration::from_micros(100));
         r.switch_to_percpu().unwrap();
         std::thread::sleep(Duration::from_micros(100));
     }
@@ -284,6 +296,7 @@ fn exact_under_migration_signals_switches_and_kill() {
         rep.aborts,
         rep.cpus_seen
     );
+    common::report_counts();
     assert!(rep.signals > 0 && rep.flips > 0);
     if expected_backend() == Backend::Rseq {
         assert!(

@@ -10,11 +10,16 @@ use std::sync::{Arc, Barrier, Mutex};
 use std::thread;
 use std::time::{Duration, Instant};
 
+mod common;
+
 /// Workers per test: more than this machine's 2 cores, so threads are
 /// preempted and migrate in the middle of operations.
 const THREADS: usize = 8;
-/// Operations (get + put pairs) per worker.
-const OPS: usize = 1_000_000;
+/// Operations (get + put pairs) per worker (scaled, as the round counts
+/// below, by `PERCPU_REF_TEST_SCALE` in emulated guests: `common::scaled`).
+fn ops() -> usize {
+    common::scaled(1_000_000)
+}
 
 struct Counted {
     r: PercpuRef,
@@ -135,7 +140,7 @@ fn counts_stay_exact_across_switch_round_trips(backend: Backend) {
             let at_start = switches.load(SeqCst);
             // On until two round trips completed during this stream.
             let two_switches = || switches.load(SeqCst) >= at_start + 2;
-            run_stream(OPS, two_switches, |k| match k % 4 {
+            run_stream(ops(), two_switches, |k| match k % 4 {
                 0 => {
                     c.r.get();
                     c.r.put();
@@ -200,7 +205,7 @@ fn kill_mid_stream_releases_once_after_the_last_put(backend: Backend) {
         let (c, finished, progress) = (c.clone(), finished.clone(), progress.clone());
         spawn_workers(THREADS, move |_| {
             run_stream(
-                OPS,
+                ops(),
                 || c.r.is_dying(),
                 |k| {
                     c.r.get();
@@ -212,7 +217,7 @@ fn kill_mid_stream_releases_once_after_the_last_put(backend: Backend) {
             c.r.put();
         })
     };
-    progress.wait_until(Progress::total(OPS) / 4);
+    progress.wait_until(Progress::total(ops()) / 4);
     c.r.kill().unwrap();
     assert!(c.r.is_dying());
     join(workers);
@@ -238,7 +243,7 @@ fn no_tryget_live_succeeds_after_confirm(backend: Backend) {
         );
         spawn_workers(THREADS, move |_| {
             run_stream(
-                OPS / 4,
+                ops() / 4,
                 || confirmed.load(SeqCst),
                 |k| {
                     let seen = confirmed.load(SeqCst);
@@ -254,7 +259,7 @@ fn no_tryget_live_succeeds_after_confirm(backend: Backend) {
             c.r.put();
         })
     };
-    progress.wait_until(Progress::total(OPS / 4) / 4);
+    progress.wait_until(Progress::total(ops() / 4) / 4);
     let flag = confirmed.clone();
     c.r.kill_and_confirm(move |_| flag.store(true, SeqCst))
         .unwrap();
@@ -282,7 +287,7 @@ fn kill_and_resurrect_cycles_keep_the_count(backend: Backend) {
             let at_start = cycles.load(SeqCst);
             // On until two kill/resurrect cycles completed during this stream.
             let two_cycles = || cycles.load(SeqCst) >= at_start + 2;
-            run_stream(OPS, two_cycles, |k| {
+            run_stream(ops(), two_cycles, |k| {
                 if k % 2 == 0 {
                     c.r.get();
                     c.r.put();
@@ -328,7 +333,9 @@ fn kill_and_resurrect_cycles_keep_the_count(backend: Backend) {
 // small rounds.
 
 /// Rounds per test; each round kills one fresh ref.
-const ROUNDS: usize = if cfg!(miri) { 2 } else { 2_000 };
+fn rounds() -> usize {
+    common::scaled(if cfg!(miri) { 2 } else { 2_000 })
+}
 /// Threads per round: more than the 2 cores, so they are preempted (and
 /// migrate) between and inside operations.
 const ROUND_THREADS: usize = if cfg!(miri) { 3 } else { THREADS };
@@ -487,7 +494,7 @@ fn tryget_races_the_final_put(backend: Backend) {
     let ops = AtomicUsize::new(0);
     let (late_hits, zero_misses) = (AtomicUsize::new(0), AtomicUsize::new(0));
     let mut by_role = BTreeMap::new();
-    for round_no in 0..ROUNDS {
+    for round_no in 0..rounds() {
         let (round, c) = round_ref(backend);
         let (round, c) = (&*round, &*c);
         let start = Barrier::new(ROUND_THREADS + 1);
@@ -568,12 +575,14 @@ fn tryget_races_the_final_put(backend: Backend) {
         round.check(round_no, c, &mut by_role);
     }
     eprintln!(
-        "{ROUNDS} rounds, {} operations; trygets that succeeded on a dying ref: {}, \
+        "{} rounds, {} operations; trygets that succeeded on a dying ref: {}, \
          that found the count at zero: {}; release ran on: {by_role:?}",
+        rounds(),
         ops.load(SeqCst),
         late_hits.load(SeqCst),
         zero_misses.load(SeqCst)
     );
+    common::report_counts();
 }
 
 /// Puts that land on the atomic counter while a kill folds. In each round,
@@ -591,7 +600,7 @@ fn puts_land_while_a_kill_folds(backend: Backend) {
     let ops = AtomicUsize::new(0);
     let before_fold = AtomicUsize::new(0);
     let mut by_role = BTreeMap::new();
-    for round_no in 0..ROUNDS {
+    for round_no in 0..rounds() {
         let (round, c) = round_ref(backend);
         let (round, c) = (&*round, &*c);
         let start = Barrier::new(ROUND_THREADS + 1);
@@ -626,12 +635,14 @@ fn puts_land_while_a_kill_folds(backend: Backend) {
         round.check(round_no, c, &mut by_role);
     }
     eprintln!(
-        "{ROUNDS} rounds, {} operations; final puts made before the fold: {} of {}; \
+        "{} rounds, {} operations; final puts made before the fold: {} of {}; \
          release ran on: {by_role:?}",
+        rounds(),
         ops.load(SeqCst),
         before_fold.load(SeqCst),
-        ROUNDS * ROUND_THREADS * HOLD
+        rounds() * ROUND_THREADS * HOLD
     );
+    common::report_counts();
 }
 
 /// Per-CPU storage is indexed by possible CPUs: a process confined to CPU 1
@@ -666,7 +677,7 @@ fn exact_when_confined_to_cpu_1(backend: Backend) {
             spawn_workers(THREADS, move |_| {
                 // SAFETY: sched_getcpu has no preconditions.
                 assert_eq!(unsafe { libc::sched_getcpu() }, 1);
-                for _ in 0..OPS / 4 {
+                for _ in 0..ops() / 4 {
                     c.r.get();
                     c.r.put();
                 }

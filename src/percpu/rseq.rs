@@ -142,6 +142,55 @@ fn retry_after_abort(base: *mut u8, mode: &AtomicUsize, delta: u64) -> bool {
     }
 }
 
+/// The section's instructions (see [`section`]); `$after_arm` and
+/// `$before_commit` are empty but in the delay-injection build.
+macro_rules! section_asm {
+    ($base:ident, $mode:ident, $delta:ident, $after_arm:literal, $before_commit:literal;
+     $($extra:tt)*) => {
+        asm!(
+            "lea {tmp}, [rip + 3f]",
+            "mov qword ptr fs:[{off} + {cs}], {tmp}",
+            "4:",
+            $after_arm,
+            "mov {tmp:e}, dword ptr fs:[{off} + {cpu_id}]",
+            "cmp {tmp:e}, dword ptr [{mode}]",
+            "jae {not_counted}",
+            $before_commit,
+            "shl {tmp}, {shift}",
+            "add qword ptr [{base} + {tmp}], {delta}",
+            "5:",
+            ".pushsection __rseq_cs, \"aw\"",
+            ".balign 32",
+            "3:",
+            ".long 0, 0",
+            ".quad 4b, 5b - 4b, 6f",
+            ".popsection",
+            ".pushsection .text.unlikely.percpu_ref_rseq_abort, \"ax\"",
+            ".byte 0x0f, 0xb9, 0x3d",
+            ".long 0x53053053",
+            "6:",
+            "jmp {aborted}",
+            ".popsection",
+            off = in(reg) rseq_abi::rseq_offset(),
+            mode = in(reg) $mode.as_ptr(),
+            base = in(reg) $base,
+            delta = in(reg) $delta,
+            tmp = out(reg) _,
+            cs = const RSEQ_CS_OFFSET,
+            cpu_id = const CPU_ID_OFFSET,
+            shift = const REGION_SHIFT,
+            not_counted = label {
+                return Section::NotCounted;
+            },
+            aborted = label {
+                return Section::Aborted;
+            },
+            $($extra)*
+            options(nostack),
+        )
+    };
+}
+
 /// Runs the critical section once: adds `delta` to the counter of this
 /// CPU at `base + (cpu_id << REGION_SHIFT)` if `cpu_id` is below the bound
 /// in the low 32 bits of `mode`.
@@ -166,45 +215,22 @@ fn section(base: *mut u8, mode: &AtomicUsize, delta: u64) -> Section {
     // whatever the kernel reports; only this CPU's threads write that
     // counter, and the kernel aborts any that is interrupted before the
     // commit. `mode` is read, never written (x86 is little-endian: the
-    // dword at its address is the bound).
+    // dword at its address is the bound). The delay build's spins write
+    // only a scratch register and lie inside the section, before the
+    // commit, so an abort during them restarts it as any other.
     unsafe {
-        asm!(
-            "lea {tmp}, [rip + 3f]",
-            "mov qword ptr fs:[{off} + {cs}], {tmp}",
-            "4:",
-            "mov {tmp:e}, dword ptr fs:[{off} + {cpu_id}]",
-            "cmp {tmp:e}, dword ptr [{mode}]",
-            "jae {not_counted}",
-            "shl {tmp}, {shift}",
-            "add qword ptr [{base} + {tmp}], {delta}",
-            "5:",
-            ".pushsection __rseq_cs, \"aw\"",
-            ".balign 32",
-            "3:",
-            ".long 0, 0",
-            ".quad 4b, 5b - 4b, 6f",
-            ".popsection",
-            ".pushsection .text.unlikely.percpu_ref_rseq_abort, \"ax\"",
-            ".byte 0x0f, 0xb9, 0x3d",
-            ".long 0x53053053",
-            "6:",
-            "jmp {aborted}",
-            ".popsection",
-            off = in(reg) rseq_abi::rseq_offset(),
-            mode = in(reg) mode.as_ptr(),
-            base = in(reg) base,
-            delta = in(reg) delta,
-            tmp = out(reg) _,
-            cs = const RSEQ_CS_OFFSET,
-            cpu_id = const CPU_ID_OFFSET,
-            shift = const REGION_SHIFT,
-            not_counted = label {
-                return Section::NotCounted;
-            },
-            aborted = label {
-                return Section::Aborted;
-            },
-            options(nostack),
+        #[cfg(not(percpu_ref_delay))]
+        section_asm!(base, mode, delta, "", "";);
+        // `percpu_ref_delay` (scripts/vm-test): a spin after arming and one
+        // between the check and the commit, inside the section, so that
+        // the kernel aborts it on most preemptions and grace periods.
+        #[cfg(percpu_ref_delay)]
+        section_asm!(
+            base, mode, delta,
+            "mov {spin}, {loops}\n 7:\n sub {spin}, 1\n jae 7b",
+            "mov {spin}, {loops}\n 8:\n sub {spin}, 1\n jae 8b";
+            spin = out(reg) _,
+            loops = in(reg) super::delay::loops(),
         );
     }
     Section::Counted

@@ -197,6 +197,8 @@ pub(crate) fn try_add_at(shard: &AtomicU64, delta: u64) -> bool {
     if !has_room(shard.load(Ordering::Relaxed)) {
         return false;
     }
+    #[cfg(all(percpu_ref_delay, not(loom)))]
+    super::delay::spin();
     // AcqRel: release so the switcher's swap sees everything before a
     // put; acquire so an op that counts after a reset (a Release swap)
     // sees what preceded the switch back (a revival's writes).

@@ -84,3 +84,33 @@ pub fn wait_or_kill(pid: libc::pid_t, timeout: std::time::Duration) -> Option<li
         std::thread::sleep(std::time::Duration::from_micros(200));
     }
 }
+
+/// `n` scaled by the factor in `PERCPU_REF_TEST_SCALE` (default 1), at
+/// least 1. `scripts/vm-test` sets it for tests whose every round starts
+/// threads: in an emulated guest a thread start costs milliseconds, so the
+/// full round count would not fit CI; the workload of each round, where
+/// the races are, keeps its size.
+pub fn scaled(n: usize) -> usize {
+    let factor = std::env::var("PERCPU_REF_TEST_SCALE")
+        .ok()
+        .map(|s| {
+            s.parse::<f64>()
+                .ok()
+                .filter(|f| *f > 0.0 && f.is_finite())
+                .unwrap_or_else(|| panic!("PERCPU_REF_TEST_SCALE={s:?}: not a positive number"))
+        })
+        .unwrap_or(1.0);
+    ((n as f64 * factor).round() as usize).max(1)
+}
+
+/// Prints the process's rseq aborts and grace periods so far, in the form
+/// `scripts/vm-test` sums into its matrix (`vm-counts: key=value ...`; the
+/// counters only grow, so it keeps the largest of a binary's lines).
+pub fn report_counts() {
+    eprintln!(
+        "vm-counts: backend={} rseq_aborts={} grace_periods={}",
+        percpu_ref::backend(),
+        percpu_ref::percpu::rseq_aborts(),
+        percpu_ref::percpu::grace_periods()
+    );
+}
