@@ -255,6 +255,13 @@ fn engine() -> &'static Engine {
 }
 
 /// This thread's engine state (loom's `thread_local!` takes no `const`).
+///
+/// None of these needs dropping, so none is ever destroyed: a handle
+/// dropped inside a thread-local's destructor, after this thread's other
+/// thread-locals are gone, still reaches them (`with` panics only on a
+/// destroyed one, and a panic there aborts the process). Keep it so: what
+/// owns memory lives on a caller's stack ([`complete`]'s list, a batch
+/// `start_engine` returns), not here.
 macro_rules! engine_thread_locals {
     ($($init:tt)*) => {
         sync::thread_local! {
@@ -266,10 +273,11 @@ macro_rules! engine_thread_locals {
             static COMPLETING: Cell<usize> = $($init)* { Cell::new(0) };
             /// That ref was dropped by its own release.
             static DROPPED: Cell<bool> = $($init)* { Cell::new(false) };
-            /// Work its confirm or release left for after the engine's last
-            /// access to the ref ([`after_completion`]).
-            static AFTER: std::cell::RefCell<Vec<After>> =
-                $($init)* { std::cell::RefCell::new(Vec::new()) };
+            /// Where its confirm or release leaves work for after the
+            /// engine's last access to the ref ([`after_completion`]): a
+            /// list on [`complete`]'s stack, null when none.
+            static AFTER: Cell<*mut Vec<After>> =
+                $($init)* { Cell::new(std::ptr::null_mut()) };
         }
     };
 }
@@ -416,14 +424,17 @@ pub(crate) fn enqueue(entry: Entry) {
     q.queued += 1;
     #[cfg(not(loom))]
     {
-        if !q.running {
-            start_engine(&mut q);
-        } else if q.sleeping || q.entries.len() == BATCH_FULL {
-            q.sleeping = false;
-            e.work.notify_one();
-        }
+        let refused = if q.running {
+            if q.sleeping || q.entries.len() == BATCH_FULL {
+                q.sleeping = false;
+                e.work.notify_one();
+            }
+            None
+        } else {
+            start_engine(&mut q)
+        };
         drop(q);
-        complete_inline_if_any();
+        complete_refused(refused);
     }
 }
 
@@ -486,16 +497,26 @@ fn run_grace_period(cookie: u64, waiting: usize) {
 }
 
 /// Completes one deferred switch (see `PercpuRef::complete_deferred`).
+///
+/// Nests: a callback on a thread whose engine thread was refused may queue
+/// another switch, which that thread then completes inside this one (see
+/// [`complete_refused`]); the outer completion's state is restored after.
 fn complete(entry: Entry) {
-    COMPLETING.with(|c| c.set(entry.r.0 as usize));
-    DROPPED.with(|d| d.set(false));
+    let mut after: Vec<After> = Vec::new();
+    let outer = (
+        COMPLETING.with(|c| c.replace(entry.r.0 as usize)),
+        DROPPED.with(|d| d.replace(false)),
+        AFTER.with(|a| a.replace(&raw mut after)),
+    );
     // SAFETY: the ref is pinned and pending (`Entry::new`): it is alive
     // until `complete_deferred` cleared its pending bit, or until its
     // release dropped it on this thread, which `complete_deferred` is told
     // through `dropped_by_release`.
     unsafe { PercpuRef::complete_deferred(entry.r.0, entry.kill, entry.confirm) };
-    COMPLETING.with(|c| c.set(0));
-    run_after_completion();
+    COMPLETING.with(|c| c.set(outer.0));
+    DROPPED.with(|d| d.set(outer.1));
+    AFTER.with(|a| a.set(outer.2));
+    run_after_completion(after);
 }
 
 /// Work that a deferred `confirm` or `release` hands to the engine for
@@ -515,17 +536,22 @@ pub(crate) type After = Box<dyn FnOnce()>;
 /// When this thread is not completing a deferred switch (a confirm or
 /// release run inline runs inside its caller, which settles itself).
 pub(crate) fn after_completion(f: After) {
+    let after = AFTER.with(Cell::get);
     assert!(
-        COMPLETING.with(Cell::get) != 0,
+        !after.is_null(),
         "grace::after_completion outside a deferred completion"
     );
-    AFTER.with(|a| a.borrow_mut().push(f));
+    // SAFETY: a non-null `AFTER` is the list of the innermost [`complete`]
+    // running on this thread, which lives on its stack until its
+    // `complete_deferred` returned and `AFTER` was restored; only this
+    // thread reaches it, and nothing else borrows it meanwhile (`complete`
+    // moves it only after the restore).
+    unsafe { (*after).push(f) };
 }
 
 /// Runs the work [`after_completion`] queued for the ref just completed; a
 /// panic is reported, as one of `confirm` or `release`, and the rest runs.
-fn run_after_completion() {
-    let work = AFTER.with(|a| std::mem::take(&mut *a.borrow_mut()));
+fn run_after_completion(work: Vec<After>) {
     for f in work {
         if std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).is_err() {
             eprintln!(
@@ -683,25 +709,28 @@ pub(crate) fn hurry() {
     q.urgent = true;
     #[cfg(not(loom))]
     {
-        if q.running {
+        let refused = if q.running {
             // Also while it gathers: `urgent` ends the wait.
             q.sleeping = false;
             e.work.notify_one();
+            None
         } else {
-            start_engine(&mut q);
-        }
+            start_engine(&mut q)
+        };
         drop(q);
-        complete_inline_if_any();
+        complete_refused(refused);
     }
 }
 
 // ----- the engine thread -------------------------------------------------------------
 
 /// Starts the engine thread (queue lock held). If the system refuses a
-/// thread, the queue is completed on the calling thread instead (after the
-/// lock is dropped), so no ref stays pending.
+/// thread, it takes the queue and returns it, for the caller to complete
+/// on its own thread once it dropped the lock ([`complete_refused`]), so
+/// no ref stays pending.
 #[cfg(not(loom))]
-fn start_engine(q: &mut Queue) {
+#[must_use]
+fn start_engine(q: &mut Queue) -> Option<Batch> {
     let spawned = std::thread::Builder::new()
         .name("percpu-ref-gp".into())
         .spawn(engine_main);
@@ -715,6 +744,7 @@ fn start_engine(q: &mut Queue) {
                 // thread outlives `main`.
                 let _ = ended.join();
             }
+            None
         }
         Err(err) => {
             eprintln!(
@@ -724,23 +754,22 @@ fn start_engine(q: &mut Queue) {
             );
             // Completing runs user callbacks, which may queue: not under
             // the queue lock; the caller completes it once it dropped it.
-            let batch = take_batch(q);
-            INLINE.with(|i| i.set(Some(batch)));
+            Some(take_batch(q))
         }
     }
 }
 
+/// Completes, on the calling thread, a batch that [`start_engine`] could
+/// not hand to a thread (the queue lock dropped). The thread stands in for
+/// the engine meanwhile: its callbacks see [`on_engine`], so a `flush` or
+/// a wait for a queued ref from inside one is refused as on the engine
+/// (it would wait for the batch this thread is completing).
 #[cfg(not(loom))]
-std::thread_local! {
-    static INLINE: Cell<Option<Batch>> = const { Cell::new(None) };
-}
-
-/// Completes a batch that `start_engine` could not hand to a thread; called
-/// by the deferred switches after they dropped the queue lock.
-#[cfg(not(loom))]
-pub(crate) fn complete_inline_if_any() {
-    if let Some(batch) = INLINE.with(Cell::take) {
+fn complete_refused(batch: Option<Batch>) {
+    if let Some(batch) = batch {
+        let was = ON_ENGINE.with(|o| o.replace(true));
         complete_batch(batch);
+        ON_ENGINE.with(|o| o.set(was));
     }
 }
 
@@ -819,10 +848,32 @@ struct ForkLocks {
     _gp: sync::MutexGuard<'static, ()>,
 }
 
+/// Where the forking thread keeps [`ForkLocks`] from `before_fork` to
+/// `after_fork_*`. A static, not a thread-local: a `fork` from a
+/// thread-local's destructor would find a thread-local destroyed.
 #[cfg(all(unix, not(miri), not(loom)))]
-std::thread_local! {
-    static FORK_LOCKS: std::cell::RefCell<Option<ForkLocks>> =
-        const { std::cell::RefCell::new(None) };
+struct ForkSlot(std::cell::UnsafeCell<Option<ForkLocks>>);
+
+// SAFETY: only the thread that holds the engine's queue lock touches the
+// slot: `before_fork` fills it after taking the lock, the `after_fork_*`
+// handler of the same `fork` (on the same thread, still holding it) empties
+// it and drops the guards. A second forking thread blocks on the lock
+// before it reaches the slot.
+#[cfg(all(unix, not(miri), not(loom)))]
+unsafe impl Sync for ForkSlot {}
+
+#[cfg(all(unix, not(miri), not(loom)))]
+static FORK_LOCKS: ForkSlot = ForkSlot(std::cell::UnsafeCell::new(None));
+
+/// Takes the locks out of [`FORK_LOCKS`].
+///
+/// # Safety
+///
+/// The caller is the thread that holds them (an `after_fork_*` handler).
+#[cfg(all(unix, not(miri), not(loom)))]
+unsafe fn take_fork_locks() -> Option<ForkLocks> {
+    // SAFETY: the caller holds the queue lock (see `ForkSlot`).
+    unsafe { (*FORK_LOCKS.0.get()).take() }
 }
 
 /// Before `fork`: waits until no batch is in flight (unless this thread is
@@ -847,19 +898,21 @@ pub(crate) extern "C" fn before_fork() {
         }
     };
     let gp = sync::lock(&e.gp);
-    FORK_LOCKS.with(|l| {
-        *l.borrow_mut() = Some(ForkLocks {
-            queue: q,
-            _done: d,
-            _gp: gp,
-        });
-    });
+    let locks = ForkLocks {
+        queue: q,
+        _done: d,
+        _gp: gp,
+    };
+    // SAFETY: this thread holds the queue lock (`locks.queue`), so no other
+    // thread touches the slot (see `ForkSlot`).
+    unsafe { *FORK_LOCKS.0.get() = Some(locks) };
 }
 
 /// After `fork`, in the parent: releases the locks.
 #[cfg(all(unix, not(miri), not(loom)))]
 pub(crate) extern "C" fn after_fork_parent() {
-    FORK_LOCKS.with(|l| drop(l.borrow_mut().take()));
+    // SAFETY: `fork` runs this on the thread whose `before_fork` took them.
+    drop(unsafe { take_fork_locks() });
 }
 
 /// After `fork`, in the child: the engine thread is gone (unless the child
@@ -868,11 +921,11 @@ pub(crate) extern "C" fn after_fork_parent() {
 #[cfg(all(unix, not(miri), not(loom)))]
 pub(crate) extern "C" fn after_fork_child() {
     let engine_thread = on_engine();
-    FORK_LOCKS.with(|l| {
-        if let Some(mut locks) = l.borrow_mut().take() {
-            locks.queue.running = engine_thread;
-            locks.queue.sleeping = false;
-            locks.queue.urgent = false;
-        }
-    });
+    // SAFETY: `fork` runs this in the child on the thread whose
+    // `before_fork` took them (the child's only thread).
+    if let Some(mut locks) = unsafe { take_fork_locks() } {
+        locks.queue.running = engine_thread;
+        locks.queue.sleeping = false;
+        locks.queue.urgent = false;
+    }
 }

@@ -13,60 +13,11 @@
 #![cfg(all(target_os = "linux", target_arch = "x86_64", not(miri)))]
 
 mod common;
-use common::{counted, panic_message};
+use common::{counted, fail_syscalls_on_this_thread, panic_message};
 use percpu_ref::{Backend, Error, InitFlags};
 use std::sync::atomic::AtomicUsize;
 use std::sync::atomic::Ordering::SeqCst;
 use std::sync::Arc;
-
-/// Installs, on the calling thread only, a seccomp filter that fails
-/// `membarrier` with EPERM (as a sandbox applied after start-up would).
-fn block_membarrier_on_this_thread() {
-    use libc::{sock_filter, sock_fprog};
-    const AUDIT_ARCH_X86_64: u32 = 0xc000_003e;
-    let stmt = |code: u16, k: u32| sock_filter {
-        code,
-        jt: 0,
-        jf: 0,
-        k,
-    };
-    let jeq = |k: u32, jt: u8, jf: u8| sock_filter {
-        code: (libc::BPF_JMP | libc::BPF_JEQ | libc::BPF_K) as u16,
-        jt,
-        jf,
-        k,
-    };
-    let ld = (libc::BPF_LD | libc::BPF_W | libc::BPF_ABS) as u16;
-    let ret = (libc::BPF_RET | libc::BPF_K) as u16;
-    let mut prog = [
-        stmt(ld, 4), // seccomp_data.arch
-        jeq(AUDIT_ARCH_X86_64, 0, 3),
-        stmt(ld, 0), // seccomp_data.nr
-        jeq(libc::SYS_membarrier as u32, 0, 1),
-        stmt(ret, libc::SECCOMP_RET_ERRNO | libc::EPERM as u32),
-        stmt(ret, libc::SECCOMP_RET_ALLOW),
-    ];
-    let fprog = sock_fprog {
-        len: prog.len() as u16,
-        filter: prog.as_mut_ptr(),
-    };
-    // SAFETY: plain prctl calls with integer arguments and a pointer to a
-    // valid filter program that outlives the call; the filter applies to
-    // this thread only (no TSYNC flag).
-    unsafe {
-        assert_eq!(libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), 0);
-        assert_eq!(
-            libc::prctl(
-                libc::PR_SET_SECCOMP,
-                libc::SECCOMP_MODE_FILTER,
-                &fprog as *const sock_fprog
-            ),
-            0,
-            "seccomp: {}",
-            std::io::Error::last_os_error()
-        );
-    }
-}
 
 #[test]
 fn a_refused_grace_period_undoes_the_switch() {
@@ -95,7 +46,8 @@ fn a_refused_grace_period_undoes_the_switch() {
     {
         let (r, confirmed) = (r.clone(), confirmed.clone());
         std::thread::spawn(move || {
-            block_membarrier_on_this_thread();
+            // As a sandbox applied after start-up would.
+            fail_syscalls_on_this_thread(&[libc::SYS_membarrier], libc::EPERM);
             let e = r
                 .kill_and_confirm(|_| {
                     confirmed.fetch_add(1, SeqCst);

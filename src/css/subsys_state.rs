@@ -18,7 +18,9 @@
 //! another thread (destroy work that saw the release queued runs the free
 //! while the releasing thread is still returning from the callback). So
 //! `css_release`, like the kernel's, does no work: it only records the
-//! css in a per-thread slot. Every put goes through [`css_put`], which,
+//! css in a per-thread stack (a thread-local head, linked through the
+//! csses themselves, so that nothing there needs dropping and a put from
+//! a thread-local's destructor still finds it). Every put goes through [`css_put`], which,
 //! once the `PercpuRef` call has returned, hands the recorded release to
 //! the hierarchy's destroy queue (`settle_releases`). Until then no other
 //! thread knows the css was released, and nothing can free it.
@@ -27,7 +29,7 @@ use super::hierarchy::{Cgroup, CgroupNode, Inner};
 use super::subsys::{CallbackPanics, Subsys};
 use crate::sync::{self, AtomicUsize, Mutex, Ordering};
 use crate::{InitFlags, PercpuRef};
-use std::cell::{Cell, RefCell};
+use std::cell::Cell;
 use std::fmt;
 use std::mem::MaybeUninit;
 use std::ops::Deref;
@@ -142,6 +144,9 @@ pub struct Css {
     pub(crate) hier: Option<Arc<Inner>>,
     /// Ids of linked child csses (`css->children`), under `cgroup_mutex`.
     pub(crate) children: Mutex<Vec<u32>>,
+    /// The next css on the releasing thread's stack of releases not yet
+    /// handed on (see `RELEASED`).
+    released_next: ReleaseLink,
     /// Loom only: stands for the css's plain fields, which loom does not
     /// track. Written once initialised, read by every lock-free lookup, so
     /// that loom sees a lookup that finds the css before it happens-after
@@ -149,6 +154,16 @@ pub struct Css {
     #[cfg(loom)]
     initialised: crate::sync::UnsafeCell<()>,
 }
+
+/// A link of a thread's stack of released csses ([`Css::released_next`]).
+struct ReleaseLink(Cell<Option<CssPtr>>);
+
+// SAFETY: only one thread ever touches a css's link: the one whose
+// `PercpuRef` call released it, from `css_release` (which pushes it) until
+// `settle_releases` pops it and hands it on. Until then no other thread
+// knows the css was released (see the module docs); once handed on, its
+// link is never read again.
+unsafe impl Sync for ReleaseLink {}
 
 pub(crate) struct CssInit {
     pub(crate) id: u32,
@@ -185,6 +200,7 @@ impl Css {
             subsys: init.subsys,
             hier: init.hier,
             children: Mutex::new(Vec::new()),
+            released_next: ReleaseLink(Cell::new(None)),
             #[cfg(loom)]
             initialised: crate::sync::UnsafeCell::new(()),
         };
@@ -573,18 +589,19 @@ impl Work {
 
 // ----- puts, and handing releases on from a clean stack ---------------------
 
-// The css released by this thread's current `PercpuRef` call, to be handed
-// on once the call has returned (see the module docs).
+// The last css released by this thread's `PercpuRef` calls and not yet
+// handed on (see the module docs): the head of a stack linked through
+// `Css::released_next`. One that needs no dropping, so it is never
+// destroyed: a put from a thread-local's destructor, after this thread's
+// other thread-locals are gone, still records its release here.
 #[cfg(not(loom))]
 sync::thread_local! {
     static RELEASED: Cell<Option<CssPtr>> = const { Cell::new(None) };
-    static RELEASED_MORE: RefCell<Vec<CssPtr>> = const { RefCell::new(Vec::new()) };
 }
 // loom's macro takes no `const` block.
 #[cfg(loom)]
 sync::thread_local! {
     static RELEASED: Cell<Option<CssPtr>> = Cell::new(None);
-    static RELEASED_MORE: RefCell<Vec<CssPtr>> = RefCell::new(Vec::new());
 }
 
 /// `css_put_many`: puts `n` references, then hands on a release it caused.
@@ -624,11 +641,13 @@ impl Drop for SettleReleases {
 #[cold]
 pub(crate) fn settle_releases(panics: &mut CallbackPanics) {
     while let Some(p) = RELEASED.with(Cell::take) {
+        // Popped before it is handed on: from then on another thread may
+        // free it.
+        // SAFETY: recorded by this thread and not handed on yet: alive, and
+        // its link is this thread's (see `ReleaseLink`).
+        let next = unsafe { p.get() }.released_next.0.take();
+        RELEASED.with(|c| c.set(next));
         hand_on_release(p, panics);
-        let more = RELEASED_MORE.with(|v| v.borrow_mut().pop());
-        if let Some(q) = more {
-            RELEASED.with(|c| c.set(Some(q)));
-        }
     }
 }
 
@@ -672,10 +691,13 @@ fn css_release(p: CssPtr) {
             }
         }));
     }
-    if let Some(earlier) = RELEASED.with(|c| c.replace(Some(p))) {
-        // Only after a panic skipped a hand-on (no wrapper does): keep it.
-        RELEASED_MORE.with(|v| v.borrow_mut().push(earlier));
-    }
+    // The stack is empty unless a hand-on was skipped (none of our
+    // wrappers skips one, even when a callback panics): then the earlier
+    // release waits below this one, and the next settle hands both on.
+    let earlier = RELEASED.with(|c| c.replace(Some(p)));
+    // SAFETY: as above; the link is this thread's from now on (see
+    // `ReleaseLink`).
+    unsafe { p.get() }.released_next.0.set(earlier);
 }
 
 // ----- the root css ---------------------------------------------------------

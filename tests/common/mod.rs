@@ -114,3 +114,64 @@ pub fn report_counts() {
         percpu_ref::percpu::grace_periods()
     );
 }
+
+/// Installs, on the calling thread only, a seccomp filter that fails each
+/// of the system calls `nrs` with `errno` (as a sandbox applied after
+/// start-up would); every other call is allowed. Threads this thread
+/// creates afterwards inherit it.
+#[cfg(all(target_os = "linux", target_arch = "x86_64", not(miri)))]
+pub fn fail_syscalls_on_this_thread(nrs: &[libc::c_long], errno: libc::c_int) {
+    use libc::{sock_filter, sock_fprog};
+    const AUDIT_ARCH_X86_64: u32 = 0xc000_003e;
+    let stmt = |code: u16, k: u32| sock_filter {
+        code,
+        jt: 0,
+        jf: 0,
+        k,
+    };
+    let jeq = |k: u32, jt: u8, jf: u8| sock_filter {
+        code: (libc::BPF_JMP | libc::BPF_JEQ | libc::BPF_K) as u16,
+        jt,
+        jf,
+        k,
+    };
+    let ld = (libc::BPF_LD | libc::BPF_W | libc::BPF_ABS) as u16;
+    let ret = (libc::BPF_RET | libc::BPF_K) as u16;
+    let n = u8::try_from(nrs.len()).expect("at most 255 system calls");
+    // arch check, load nr, one jump per call, allow, fail.
+    let mut prog = vec![
+        stmt(ld, 4), // seccomp_data.arch
+        jeq(AUDIT_ARCH_X86_64, 0, n + 1),
+        stmt(ld, 0), // seccomp_data.nr
+    ];
+    for (i, &nr) in nrs.iter().enumerate() {
+        // To the fail below the allow: past the remaining jumps and it.
+        let to_fail = n - 1 - i as u8 + 1;
+        prog.push(jeq(u32::try_from(nr).unwrap(), to_fail, 0));
+    }
+    prog.push(stmt(ret, libc::SECCOMP_RET_ALLOW));
+    prog.push(stmt(
+        ret,
+        libc::SECCOMP_RET_ERRNO | u32::try_from(errno).unwrap(),
+    ));
+    let fprog = sock_fprog {
+        len: u16::try_from(prog.len()).unwrap(),
+        filter: prog.as_mut_ptr(),
+    };
+    // SAFETY: plain prctl calls with integer arguments and a pointer to a
+    // valid filter program that outlives the call; the filter applies to
+    // this thread only (no TSYNC flag).
+    unsafe {
+        assert_eq!(libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), 0);
+        assert_eq!(
+            libc::prctl(
+                libc::PR_SET_SECCOMP,
+                libc::SECCOMP_MODE_FILTER,
+                &fprog as *const sock_fprog
+            ),
+            0,
+            "seccomp: {}",
+            std::io::Error::last_os_error()
+        );
+    }
+}
