@@ -246,14 +246,14 @@ fn case_killed(used_before: bool) {
     assert_eq!(live_slots(), live, "arena slots back");
 }
 
+/// The kinds of css callback in `events`, counted.
 #[cfg(feature = "css")]
-/// The kinds of css callback in `log`, counted.
 fn count(events: &[percpu_ref::css::Event], kind: EventKind) -> usize {
     events.iter().filter(|e| e.kind == kind).count()
 }
 
-#[cfg(feature = "css")]
 /// Checks that every css but the root was released and freed exactly once.
+#[cfg(feature = "css")]
 fn check_css_freed(h: &Hierarchy, rec: &Recorder) {
     assert!(h.flush(), "the hierarchy settles");
     let events = rec.events();
@@ -267,67 +267,67 @@ fn check_css_freed(h: &Hierarchy, rec: &Recorder) {
     assert_eq!(h.nr_css(), 0, "every non-root css freed");
 }
 
+/// Runs a css case: `make` gets a hierarchy with one subsystem and builds
+/// what the exiting thread keeps; afterwards every css but the root must
+/// have been released and freed exactly once.
 #[cfg(feature = "css")]
-/// The last `CssRef` of a removed cgroup, dropped in the destructor.
-fn case_css_ref(used_before: bool) {
+fn css_case(used_before: bool, make: impl FnOnce(Arc<Hierarchy>) -> AtExit + Send + 'static) {
     let rec = Recorder::new("memory");
     let h = Arc::new(Hierarchy::new(vec![rec.clone()]));
     let h2 = h.clone();
-    on_exiting_thread(used_before, move || {
-        let cg = h2.mkdir(&h2.root(), "a").unwrap();
+    on_exiting_thread(used_before, move || make(h2));
+    check_css_freed(&h, &rec);
+}
+
+/// The last `CssRef` of a removed cgroup, dropped in the destructor.
+#[cfg(feature = "css")]
+fn case_css_ref(used_before: bool) {
+    css_case(used_before, |h| {
+        let cg = h.mkdir(&h.root(), "a").unwrap();
         let css = cg.css(0).unwrap();
-        h2.rmdir(&cg).unwrap();
+        h.rmdir(&cg).unwrap();
         percpu_ref::flush(); // the kill completed: the drop below releases
         AtExit(Some(Box::new(move || {
             assert!(css.tryget_online().is_none(), "removed");
             drop(css);
-            drop(h2);
+            drop(h);
         })))
     });
-    check_css_freed(&h, &rec);
 }
 
-#[cfg(feature = "css")]
 /// A `Task` dropped in the destructor, which then removes its cgroup and
 /// puts the last reference on the cgroup's css.
+#[cfg(feature = "css")]
 fn case_task(used_before: bool) {
-    let rec = Recorder::new("memory");
-    let h = Arc::new(Hierarchy::new(vec![rec.clone()]));
-    let h2 = h.clone();
-    on_exiting_thread(used_before, move || {
-        let cg = h2.mkdir(&h2.root(), "a").unwrap();
-        let task = h2.spawn(&cg).unwrap();
+    css_case(used_before, |h| {
+        let cg = h.mkdir(&h.root(), "a").unwrap();
+        let task = h.spawn(&cg).unwrap();
         AtExit(Some(Box::new(move || {
             let css = task.get_css(0);
             drop(task);
             assert_eq!(cg.nr_tasks(), 0, "the task exited");
-            h2.rmdir(&cg).unwrap();
+            h.rmdir(&cg).unwrap();
             percpu_ref::flush();
             drop(css); // the last reference
             drop(cg);
         })))
     });
-    check_css_freed(&h, &rec);
 }
 
-#[cfg(feature = "css")]
 /// `Pages` charged to a removed cgroup's css, dropped (uncharged) in the
 /// destructor: the last reference.
+#[cfg(feature = "css")]
 fn case_pages(used_before: bool) {
-    let rec = Recorder::new("memory");
-    let h = Arc::new(Hierarchy::new(vec![rec.clone()]));
-    let h2 = h.clone();
-    on_exiting_thread(used_before, move || {
-        let cg = h2.mkdir(&h2.root(), "a").unwrap();
+    css_case(used_before, |h| {
+        let cg = h.mkdir(&h.root(), "a").unwrap();
         let css = cg.css(0).unwrap();
         let mut pages = Pages::new();
         pages.charge(&css, 8);
-        h2.rmdir(&cg).unwrap();
+        h.rmdir(&cg).unwrap();
         drop(css);
         percpu_ref::flush(); // the kill completed: the uncharge releases
         AtExit(Some(Box::new(move || drop(pages))))
     });
-    check_css_freed(&h, &rec);
 }
 
 /// The grace-period engine's thread refused: the destructor installs a
@@ -516,13 +516,9 @@ fn output_within(mut cmd: Command, timeout: std::time::Duration) -> Option<std::
 }
 
 /// Runs `case` in a subprocess on each backend, on a thread that used the
-/// crate before and one that did not.
-fn run_case(case: &str) {
-    run_case_expecting(case, None);
-}
-
-/// [`run_case`]; each child's stderr must contain `stderr`, if given.
-fn run_case_expecting(case: &str, stderr_has: Option<&str>) {
+/// crate before and one that did not; each child's stderr must contain
+/// `stderr_has`, if given.
+fn run_case(case: &str, stderr_has: Option<&str>) {
     for backend in common::backends() {
         for used_before in [true, false] {
             let name = match backend {
@@ -565,80 +561,35 @@ fn run_case_expecting(case: &str, stderr_has: Option<&str>) {
     }
 }
 
-#[test]
-fn percpu_ref_dropped_in_a_tls_destructor() {
-    if std::env::var_os(CASE).is_none() {
-        run_case("percpu_ref");
-    }
+/// One test per case, each running it in subprocesses ([`run_case`]);
+/// in those subprocesses the tests do nothing.
+macro_rules! case_tests {
+    ($($(#[$cfg:meta])* $test:ident => $case:literal $(, stderr $want:literal)?;)*) => {$(
+        $(#[$cfg])*
+        #[test]
+        fn $test() {
+            if std::env::var_os(CASE).is_none() {
+                run_case($case, None $(.or(Some($want)))?);
+            }
+        }
+    )*};
 }
 
-#[test]
-fn owner_dropped_in_a_tls_destructor() {
-    if std::env::var_os(CASE).is_none() {
-        run_case("owner");
-    }
-}
-
-#[test]
-fn ref_dropped_in_a_tls_destructor() {
-    if std::env::var_os(CASE).is_none() {
-        run_case("ref");
-    }
-}
-
-#[test]
-fn weak_dropped_in_a_tls_destructor() {
-    if std::env::var_os(CASE).is_none() {
-        run_case("weak");
-    }
-}
-
-#[test]
-fn killed_dropped_in_a_tls_destructor() {
-    if std::env::var_os(CASE).is_none() {
-        run_case("killed");
-    }
-}
-
-#[cfg(feature = "css")]
-#[test]
-fn css_ref_dropped_in_a_tls_destructor() {
-    if std::env::var_os(CASE).is_none() {
-        run_case("css_ref");
-    }
-}
-
-#[cfg(feature = "css")]
-#[test]
-fn task_dropped_in_a_tls_destructor() {
-    if std::env::var_os(CASE).is_none() {
-        run_case("task");
-    }
-}
-
-#[cfg(feature = "css")]
-#[test]
-fn pages_dropped_in_a_tls_destructor() {
-    if std::env::var_os(CASE).is_none() {
-        run_case("pages");
-    }
-}
-
-#[cfg(all(target_os = "linux", target_arch = "x86_64"))]
-#[test]
-fn deferred_kills_complete_in_a_tls_destructor_whose_thread_cannot_start_the_engine() {
-    if std::env::var_os(CASE).is_none() {
-        run_case_expecting(
-            "engine_refused",
-            Some("cannot start the grace-period engine thread"),
-        );
-    }
-}
-
-#[cfg(all(unix, not(miri)))]
-#[test]
-fn fork_in_a_tls_destructor() {
-    if std::env::var_os(CASE).is_none() {
-        run_case("fork");
-    }
+case_tests! {
+    percpu_ref_dropped_in_a_tls_destructor => "percpu_ref";
+    owner_dropped_in_a_tls_destructor => "owner";
+    ref_dropped_in_a_tls_destructor => "ref";
+    weak_dropped_in_a_tls_destructor => "weak";
+    killed_dropped_in_a_tls_destructor => "killed";
+    #[cfg(feature = "css")]
+    css_ref_dropped_in_a_tls_destructor => "css_ref";
+    #[cfg(feature = "css")]
+    task_dropped_in_a_tls_destructor => "task";
+    #[cfg(feature = "css")]
+    pages_dropped_in_a_tls_destructor => "pages";
+    #[cfg(all(target_os = "linux", target_arch = "x86_64"))]
+    deferred_kills_complete_in_a_tls_destructor_whose_thread_cannot_start_the_engine =>
+        "engine_refused", stderr "cannot start the grace-period engine thread";
+    #[cfg(all(unix, not(miri)))]
+    fork_in_a_tls_destructor => "fork";
 }
