@@ -648,10 +648,17 @@ pub(crate) fn loom_step() -> bool {
         }
         take_batch(&mut q)
     };
+    complete_standing_in(batch);
+    true
+}
+
+/// Completes `batch` on this thread, which stands in for the engine thread
+/// meanwhile: its callbacks see [`on_engine`] (a loom step, or a thread
+/// whose engine thread was refused).
+fn complete_standing_in(batch: Batch) {
     let was = ON_ENGINE.with(|o| o.replace(true));
     complete_batch(batch);
     ON_ENGINE.with(|o| o.set(was));
-    true
 }
 
 // ----- flush ---------------------------------------------------------------------
@@ -767,9 +774,7 @@ fn start_engine(q: &mut Queue) -> Option<Batch> {
 #[cfg(not(loom))]
 fn complete_refused(batch: Option<Batch>) {
     if let Some(batch) = batch {
-        let was = ON_ENGINE.with(|o| o.replace(true));
-        complete_batch(batch);
-        ON_ENGINE.with(|o| o.set(was));
+        complete_standing_in(batch);
     }
 }
 
