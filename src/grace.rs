@@ -44,21 +44,25 @@
 //!    join this one with their next switch) and only then runs one. A
 //!    switcher that finds no grace period running runs its own at once,
 //!    without a cookie (its store precedes it in program order).
-//! 3. **Deferred switches** ([`enqueue`]) go on a queue. The engine takes
-//!    the whole queue as one batch, then takes the batch's cookie (after
-//!    the take, so after every switch of the batch was queued), waits for
-//!    it, and completes each ref: sum, fold, `confirm`, put the base
-//!    reference (a kill) and the temporary one. Release therefore never
-//!    precedes confirm. Batches are completed in queue order, one at a
-//!    time.
-//! 4. **The engine's last access to a ref is the store that clears its
-//!    `MODE_PENDING` bit** (release; `Drop` and the switch lock load it with
-//!    acquire). A ref's `Drop` waits for that store, so a pinned ref
-//!    outlives the engine's use of it; waiters are woken through the
-//!    engine's own mutex and condition variable, never through memory in
-//!    the ref. If `release` (run on the engine) drops the very ref, its
-//!    `Drop` sees that this thread is completing it (a thread-local), does
-//!    not wait, and the engine touches nothing of the ref afterwards.
+//! 3. **Deferred entries** ([`enqueue`]) go on a queue. An entry is what
+//!    the kernel's `rcu_head` is: an object's address and the function that
+//!    completes it (plus a callback the function is handed, and whether it
+//!    needs a grace period); the engine knows nothing else of the object.
+//!    It takes the whole queue as one batch, then takes the batch's cookie
+//!    (after the take, so after every switch of the batch was queued),
+//!    waits for it, and calls each entry's function in queue order (for a
+//!    ref, the protocol's `complete_deferred`: sum, fold, `confirm`, put
+//!    the base reference of a kill and the temporary one, so release never
+//!    precedes confirm). Batches are completed one at a time.
+//! 4. **The object outlives its completion, and waiters never read it.**
+//!    Whoever would free an object with a queued entry waits first
+//!    ([`wait_until`]) until the completion's last access (for a ref, the
+//!    release store that clears its pending bit; its `Drop` waits for
+//!    it). Waiters are woken through the engine's own mutex and condition
+//!    variable, never through memory in the object. If the completion
+//!    itself frees the object (a ref's `release` dropping the ref), it
+//!    sees that this thread is completing it ([`completing`]), records it
+//!    ([`mark_freed`]) and touches nothing of it afterwards ([`freed`]).
 //! 5. **`flush` is `rcu_barrier`**: every entry gets a ticket (the number of
 //!    entries queued before it, plus one); `finished` counts entries whose
 //!    completion has fully ended, and grows by a whole batch at once after
@@ -88,8 +92,9 @@
 //!
 //! # Fork
 //!
-//! `pthread_atfork` handlers (registered with the arena's, at load time)
-//! wait in the parent until no batch is in flight, then hold the queue, the
+//! The process's `pthread_atfork` handlers (`src/fork.rs`, which says in
+//! what order they call each subsystem) call [`prepare_fork`] first: it
+//! waits in the parent until no batch is in flight, then hold the queue, the
 //! gp mutex and the completion mutex across the `fork`, so the child finds
 //! them free and no batch half done. In the child the engine thread does
 //! not exist: it is marked not running, and the next deferred switch or
@@ -109,7 +114,6 @@
 //! runs steps itself. The engine's state is a `loom::lazy_static`, fresh
 //! for every execution.
 
-use crate::percpu_ref::PercpuRef;
 use crate::sync::{self, AtomicBool, AtomicU64, Condvar, Mutex, Ordering};
 use std::cell::Cell;
 
@@ -124,43 +128,68 @@ pub(crate) const BATCH_DELAY: std::time::Duration = std::time::Duration::from_mi
 #[cfg(not(loom))]
 pub(crate) const BATCH_FULL: usize = 4096;
 
-/// A deferred switch's `confirm`.
-pub(crate) type Confirm = Box<dyn FnOnce(&PercpuRef) + Send>;
+/// A closure that an entry carries for its completion function (for a
+/// ref, its `confirm`), called with the entry's object. The engine only
+/// moves it; what the pointer is, the entry's creator knows.
+pub(crate) struct Callback(Box<dyn FnOnce(*const ()) + Send>);
 
-/// A pointer to a pinned, pending ref: its `Drop` waits until the engine
-/// is done with it (invariant 4).
-struct RefPtr(*const PercpuRef);
+impl Callback {
+    pub(crate) fn new(f: impl FnOnce(*const ()) + Send + 'static) -> Self {
+        Callback(Box::new(f))
+    }
 
-// SAFETY: a `PercpuRef` is `Sync`; the engine only calls `&self` methods
-// through this pointer, while the ref's `Drop` waits for it.
-unsafe impl Send for RefPtr {}
+    /// # Safety
+    ///
+    /// `obj` is the object of the entry this callback was queued with, as
+    /// its completion function got it: the closure may rely on that.
+    pub(crate) unsafe fn call(self, obj: *const ()) {
+        (self.0)(obj);
+    }
+}
 
-/// One queued deferred switch.
+/// Completes one entry: the object's address and the entry's callback.
+///
+/// # Safety
+///
+/// Called once per entry, on the engine, after the entry's grace period.
+pub(crate) type Complete = unsafe fn(*const (), Option<Callback>);
+
+/// An object's address, sent to the engine.
+struct ObjPtr(*const ());
+
+// SAFETY: an entry's creator promises (`Entry::new`) that its object may be
+// completed on another thread and stays alive until then.
+unsafe impl Send for ObjPtr {}
+
+/// One queued deferred completion: the engine's `rcu_head`.
 pub(crate) struct Entry {
-    r: RefPtr,
-    /// A kill (puts the base reference) rather than a switch.
-    kill: bool,
-    /// The ref's counters need the process-wide grace period (rseq).
+    obj: ObjPtr,
+    complete: Complete,
+    callback: Option<Callback>,
+    /// The completion needs a grace period first (the rseq backend's refs);
+    /// otherwise the entry only keeps its place in the queue.
     needs_gp: bool,
-    confirm: Option<Confirm>,
 }
 
 impl Entry {
     /// # Safety
     ///
-    /// `r` is pinned and has `MODE_PENDING` set: it stays at its address
-    /// until its `Drop`, which waits until the engine cleared the bit.
+    /// `complete(obj, callback)` may run on any thread once the entry's
+    /// grace period passed, and `obj` stays valid for it until it returns:
+    /// whoever would free the object first waits for the engine (for a
+    /// ref, its `Drop` waits for the pending bit that `complete` clears
+    /// last; invariant 4).
     pub(crate) unsafe fn new(
-        r: *const PercpuRef,
-        kill: bool,
+        obj: *const (),
+        complete: Complete,
+        callback: Option<Callback>,
         needs_gp: bool,
-        confirm: Option<Confirm>,
     ) -> Self {
         Entry {
-            r: RefPtr(r),
-            kill,
+            obj: ObjPtr(obj),
+            complete,
+            callback,
             needs_gp,
-            confirm,
         }
     }
 }
@@ -182,7 +211,7 @@ struct Queue {
     handle: Option<std::thread::JoinHandle<()>>,
 }
 
-pub(crate) struct Done {
+struct Done {
     /// Entries whose completion has fully ended (a prefix of the queue).
     finished: u64,
     /// A batch was taken and is not finished yet.
@@ -203,8 +232,7 @@ struct Engine {
     #[cfg_attr(loom, allow(dead_code, reason = "no engine thread under loom"))]
     work: Condvar,
     done: Mutex<Done>,
-    /// Signalled when a batch finished: flush, `Drop` and switches that
-    /// wait for a pending ref.
+    /// Signalled when a batch finished: [`flush`] and [`wait_until`].
     done_cv: Condvar,
     /// Under loom, one step at a time (the engine thread's role).
     #[cfg(loom)]
@@ -265,17 +293,17 @@ fn engine() -> &'static Engine {
 macro_rules! engine_thread_locals {
     ($($init:tt)*) => {
         sync::thread_local! {
-            /// This thread completes deferred switches (the engine thread,
-            /// or a loom step).
+            /// This thread completes entries (the engine thread, a loom
+            /// step, or a thread standing in for a refused engine thread).
             static ON_ENGINE: Cell<bool> = $($init)* { Cell::new(false) };
-            /// The ref whose completion this thread is running (as an
+            /// The object whose entry this thread is completing (as an
             /// address), 0 when none.
             static COMPLETING: Cell<usize> = $($init)* { Cell::new(0) };
-            /// That ref was dropped by its own release.
-            static DROPPED: Cell<bool> = $($init)* { Cell::new(false) };
-            /// Where its confirm or release leaves work for after the
-            /// engine's last access to the ref ([`after_completion`]): a
-            /// list on [`complete`]'s stack, null when none.
+            /// That object was freed during its own completion.
+            static FREED: Cell<bool> = $($init)* { Cell::new(false) };
+            /// Where its completion leaves work for after the engine's last
+            /// access to the object ([`after_completion`]): a list on
+            /// [`complete`]'s stack, null when none.
             static AFTER: Cell<*mut Vec<After>> =
                 $($init)* { Cell::new(std::ptr::null_mut()) };
         }
@@ -414,9 +442,9 @@ pub(crate) fn synchronize_after_store() -> std::io::Result<()> {
 
 // ----- the queue ---------------------------------------------------------------
 
-/// Queues a deferred switch; the caller set `ATOMIC | MODE_PENDING` and
-/// took the temporary reference. Wakes the engine if it sleeps (starts it
-/// at first use); no system call otherwise.
+/// Queues an entry, to be completed after a grace period that starts
+/// after this call (for a ref: after its `ATOMIC` store). Wakes the engine
+/// if it sleeps (starts it at first use); no system call otherwise.
 pub(crate) fn enqueue(entry: Entry) {
     let e = engine();
     let mut q = sync::lock(&e.queue);
@@ -452,8 +480,8 @@ struct Batch {
     cookie: u64,
 }
 
-/// Runs the batch's grace period (if one of its refs needs it), then
-/// completes each ref in queue order, then marks the batch finished.
+/// Runs the batch's grace period (if one of its entries needs it), then
+/// completes each entry in queue order, then marks the batch finished.
 fn complete_batch(batch: Batch) {
     let n = batch.entries.len() as u64;
     let needs_gp = batch.entries.iter().any(|e| e.needs_gp);
@@ -496,74 +524,71 @@ fn run_grace_period(cookie: u64, waiting: usize) {
     }
 }
 
-/// Completes one deferred switch (see `PercpuRef::complete_deferred`).
+/// Completes one entry with its own function.
 ///
 /// Nests: a callback on a thread whose engine thread was refused may queue
-/// another switch, which that thread then completes inside this one (see
+/// another entry, which that thread then completes inside this one (see
 /// [`complete_refused`]); the outer completion's state is restored after.
 fn complete(entry: Entry) {
     let mut after: Vec<After> = Vec::new();
+    let obj = entry.obj.0;
     let outer = (
-        COMPLETING.with(|c| c.replace(entry.r.0 as usize)),
-        DROPPED.with(|d| d.replace(false)),
+        COMPLETING.with(|c| c.replace(obj as usize)),
+        FREED.with(|d| d.replace(false)),
         AFTER.with(|a| a.replace(&raw mut after)),
     );
-    // SAFETY: the ref is pinned and pending (`Entry::new`): it is alive
-    // until `complete_deferred` cleared its pending bit, or until its
-    // release dropped it on this thread, which `complete_deferred` is told
-    // through `dropped_by_release`.
-    unsafe { PercpuRef::complete_deferred(entry.r.0, entry.kill, entry.confirm) };
+    // SAFETY: once, after the entry's grace period (`complete_batch`), with
+    // the object alive (`Entry::new`).
+    unsafe { (entry.complete)(obj, entry.callback) };
     COMPLETING.with(|c| c.set(outer.0));
-    DROPPED.with(|d| d.set(outer.1));
+    FREED.with(|d| d.set(outer.1));
     AFTER.with(|a| a.set(outer.2));
     run_after_completion(after);
 }
 
-/// Work that a deferred `confirm` or `release` hands to the engine for
-/// after its last access to the ref (see [`after_completion`]).
+/// Work that a completion hands to the engine for after its last access
+/// to the object (see [`after_completion`]).
 pub(crate) type After = Box<dyn FnOnce()>;
 
-/// Runs `f` on this thread once the engine is done with the ref whose
-/// deferred switch it is completing (after the store that clears
-/// `MODE_PENDING`), before the next ref of the batch. For a layer whose
-/// `release`, run by the engine, must free the memory that holds the ref
-/// (the owned layer's block, a css): freeing it inside `release` would pull
-/// it from under the engine's borrow of the ref (and the running release
-/// closure's own), and no other thread may know it is free to go.
+/// Runs `f` on this thread once the completion it is running has returned
+/// (for a ref: after the store that clears its pending bit, the last
+/// access), before the next entry of the batch. For code, run inside a
+/// completion, that must free the memory holding the object: freeing it
+/// there would pull it from under the completion's borrow, and no other
+/// thread may know it is free to go.
 ///
 /// # Panics
 ///
-/// When this thread is not completing a deferred switch (a confirm or
-/// release run inline runs inside its caller, which settles itself).
+/// When this thread is not completing an entry.
 pub(crate) fn after_completion(f: After) {
     let after = AFTER.with(Cell::get);
     assert!(
         !after.is_null(),
-        "grace::after_completion outside a deferred completion"
+        "grace::after_completion outside the completion of a deferred entry"
     );
     // SAFETY: a non-null `AFTER` is the list of the innermost [`complete`]
-    // running on this thread, which lives on its stack until its
-    // `complete_deferred` returned and `AFTER` was restored; only this
+    // running on this thread, which lives on its stack until the entry's
+    // completion returned and `AFTER` was restored; only this
     // thread reaches it, and nothing else borrows it meanwhile (`complete`
     // moves it only after the restore).
     unsafe { (*after).push(f) };
 }
 
-/// Runs the work [`after_completion`] queued for the ref just completed; a
-/// panic is reported, as one of `confirm` or `release`, and the rest runs.
+/// Runs the work [`after_completion`] queued for the entry just completed;
+/// a panic is reported and the rest runs.
 fn run_after_completion(work: Vec<After>) {
     for f in work {
         if std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).is_err() {
             eprintln!(
-                "percpu_ref: grace-period engine: work a deferred confirm or release left for \
-                 after its completion panicked"
+                "percpu_ref: grace-period engine: work a deferred completion left for after \
+                 itself panicked"
             );
         }
     }
 }
 
 /// Counts `n` more entries finished and wakes everyone waiting on the
-/// engine (flush, `Drop`, a switch waiting for a pending ref).
+/// engine ([`flush`], [`wait_until`]).
 fn finish(n: u64) {
     let e = engine();
     let mut d = sync::lock(&e.done);
@@ -572,37 +597,43 @@ fn finish(n: u64) {
     e.done_cv.notify_all();
 }
 
-// ----- pending refs --------------------------------------------------------------
+// ----- entries being completed ----------------------------------------------------
 
-/// Whether this thread is completing the ref at `r` right now (its confirm
-/// or release is running).
-pub(crate) fn completing(r: *const PercpuRef) -> bool {
-    COMPLETING.with(|c| c.get() == r as usize)
+/// Whether this thread is completing the entry of the object at `obj`
+/// right now (its completion function is running).
+pub(crate) fn completing(obj: *const ()) -> bool {
+    COMPLETING.with(|c| c.get() == obj as usize)
 }
 
-/// Whether this thread is the engine (running a deferred confirm or
-/// release, or a loom step).
+/// Whether this thread is the engine (completing entries: the engine
+/// thread, a loom step, or a thread standing in for a refused one).
 pub(crate) fn on_engine() -> bool {
     ON_ENGINE.with(Cell::get)
 }
 
-/// Called by `Drop` of the ref this thread is completing: from now on the
-/// engine does not touch it.
-pub(crate) fn mark_dropped_by_release() {
-    DROPPED.with(|d| d.set(true));
+/// Records that the object this thread is completing was freed during its
+/// own completion (for a ref: dropped by its release).
+pub(crate) fn mark_freed() {
+    FREED.with(|d| d.set(true));
 }
 
-/// Whether the ref being completed was dropped by its release.
-pub(crate) fn dropped_by_release() -> bool {
-    DROPPED.with(Cell::get)
+/// Whether the object being completed on this thread was freed
+/// ([`mark_freed`]): its completion must touch nothing of it any more.
+pub(crate) fn freed() -> bool {
+    FREED.with(Cell::get)
 }
 
-/// Waits until `pending(&done)` is false, re-checking whenever a batch
-/// finishes (the engine clears a ref's pending bit before it signals the
-/// end of its batch). Hurries the engine first: someone waits, so the
+/// Waits until `pending()` is false, re-checking whenever a batch finishes
+/// (a completion's last access to its object comes before the end of its
+/// batch is signalled). Hurries the engine first: someone waits, so the
 /// queue is taken without the gathering delay (and the engine is started
 /// if it is not running, as in a child after `fork`).
-pub(crate) fn wait_until(mut pending: impl FnMut(&Done) -> bool) {
+pub(crate) fn wait_until(mut pending: impl FnMut() -> bool) {
+    wait_done(|_| pending());
+}
+
+/// [`wait_until`] with the completion count at hand (under its lock).
+fn wait_done(mut pending: impl FnMut(&Done) -> bool) {
     hurry();
     let e = engine();
     let mut d = sync::lock(&e.done);
@@ -663,37 +694,14 @@ fn complete_standing_in(batch: Batch) {
 
 // ----- flush ---------------------------------------------------------------------
 
-/// Waits until every deferred switch queued before the call (on any
-/// thread) has completed: its grace period passed, its `confirm` ran and
-/// its temporary reference (and, for a kill, the base reference) was put,
-/// so a `release` that was due has run. The kernel's `rcu_barrier`.
-///
-/// Returns at once when nothing was queued. Cuts the engine's gathering
-/// delay short.
+/// Waits until every entry queued before the call (on any thread) has been
+/// completed, and the work its completion left ([`after_completion`]) has
+/// run: the kernel's `rcu_barrier`. Cuts the gathering short.
 ///
 /// # Panics
 ///
-/// When called from a deferred `confirm` or `release` (on the engine
-/// thread): the engine would wait for itself.
-///
-/// # Examples
-///
-/// ```
-/// use percpu_ref::PercpuRef;
-/// use std::sync::atomic::{AtomicBool, Ordering};
-/// use std::sync::Arc;
-///
-/// let confirmed = Arc::new(AtomicBool::new(false));
-/// let r = Box::pin(PercpuRef::new(|_| {}));
-/// let c = confirmed.clone();
-/// r.as_ref()
-///     .kill_and_confirm_deferred(move |_| c.store(true, Ordering::SeqCst))
-///     .unwrap();
-/// percpu_ref::flush();
-/// assert!(confirmed.load(Ordering::SeqCst));
-/// assert!(r.is_zero()); // the base reference was put: released
-/// ```
-pub fn flush() {
+/// On the engine (from inside a completion): it would wait for itself.
+pub(crate) fn flush() {
     assert!(
         !on_engine(),
         "percpu_ref::flush called from a deferred confirm or release: the grace-period engine \
@@ -701,12 +709,13 @@ pub fn flush() {
     );
     let e = engine();
     let ticket = sync::lock(&e.queue).queued;
-    wait_until(|d| d.finished < ticket);
+    wait_done(|d| d.finished < ticket);
 }
 
 /// Someone waits for the queue: take it without gathering, and start the
 /// engine if it is not running. [`wait_until`] calls it; so does a thread
-/// about to block on a queued switch by other means (`Killed::wait`).
+/// about to block on a queued entry by other means (a wait for what the
+/// completion will release).
 pub(crate) fn hurry() {
     let e = engine();
     let mut q = sync::lock(&e.queue);
@@ -853,14 +862,14 @@ struct ForkLocks {
     _gp: sync::MutexGuard<'static, ()>,
 }
 
-/// Where the forking thread keeps [`ForkLocks`] from `before_fork` to
-/// `after_fork_*`. A static, not a thread-local: a `fork` from a
+/// Where the forking thread keeps [`ForkLocks`] from [`prepare_fork`] to
+/// the `*_after_fork` handler. A static, not a thread-local: a `fork` from a
 /// thread-local's destructor would find a thread-local destroyed.
 #[cfg(all(unix, not(miri), not(loom)))]
 struct ForkSlot(std::cell::UnsafeCell<Option<ForkLocks>>);
 
 // SAFETY: only the thread that holds the engine's queue lock touches the
-// slot: `before_fork` fills it after taking the lock, the `after_fork_*`
+// slot: `prepare_fork` fills it after taking the lock, the `*_after_fork`
 // handler of the same `fork` (on the same thread, still holding it) empties
 // it and drops the guards. A second forking thread blocks on the lock
 // before it reaches the slot.
@@ -874,7 +883,7 @@ static FORK_LOCKS: ForkSlot = ForkSlot(std::cell::UnsafeCell::new(None));
 ///
 /// # Safety
 ///
-/// The caller is the thread that holds them (an `after_fork_*` handler).
+/// The caller is the thread that holds them (an `*_after_fork` handler).
 #[cfg(all(unix, not(miri), not(loom)))]
 unsafe fn take_fork_locks() -> Option<ForkLocks> {
     // SAFETY: the caller holds the queue lock (see `ForkSlot`).
@@ -885,7 +894,7 @@ unsafe fn take_fork_locks() -> Option<ForkLocks> {
 /// the engine), then takes the queue, completion and gp locks, so that the
 /// child finds them free and no batch half done.
 #[cfg(all(unix, not(miri), not(loom)))]
-pub(crate) extern "C" fn before_fork() {
+pub(crate) fn prepare_fork() {
     let e = engine();
     let engine_thread = on_engine();
     let (q, d) = loop {
@@ -915,8 +924,8 @@ pub(crate) extern "C" fn before_fork() {
 
 /// After `fork`, in the parent: releases the locks.
 #[cfg(all(unix, not(miri), not(loom)))]
-pub(crate) extern "C" fn after_fork_parent() {
-    // SAFETY: `fork` runs this on the thread whose `before_fork` took them.
+pub(crate) fn parent_after_fork() {
+    // SAFETY: `fork` runs this on the thread whose `prepare_fork` took them.
     drop(unsafe { take_fork_locks() });
 }
 
@@ -924,10 +933,10 @@ pub(crate) extern "C" fn after_fork_parent() {
 /// is it), so the next deferred switch or flush starts one; then releases
 /// the locks.
 #[cfg(all(unix, not(miri), not(loom)))]
-pub(crate) extern "C" fn after_fork_child() {
+pub(crate) fn child_after_fork() {
     let engine_thread = on_engine();
     // SAFETY: `fork` runs this in the child on the thread whose
-    // `before_fork` took them (the child's only thread).
+    // `prepare_fork` took them (the child's only thread).
     if let Some(mut locks) = unsafe { take_fork_locks() } {
         locks.queue.running = engine_thread;
         locks.queue.sleeping = false;

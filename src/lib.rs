@@ -286,6 +286,8 @@ mod atomic_mode;
 #[cfg_attr(docsrs, doc(cfg(feature = "css")))]
 pub mod css;
 mod flags;
+#[cfg(all(unix, not(miri), not(loom)))]
+mod fork;
 mod grace;
 pub mod owned;
 pub mod percpu;
@@ -296,10 +298,9 @@ mod sync;
 mod readme_doctests;
 
 pub use flags::{Error, InitFlags};
-pub use grace::flush;
 pub use owned::{FreezeTimeout, Frozen, Killed, Owner, Ref, Weak};
 pub use percpu::{backend, possible_cpus, Backend};
-pub use percpu_ref::PercpuRef;
+pub use percpu_ref::{flush, PercpuRef};
 
 /// Under loom only: drives the grace-period engine from a model's thread
 /// (there is no background thread under loom).

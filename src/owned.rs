@@ -169,7 +169,7 @@
 //! - When the engine's own put releases, `release` runs inside the
 //!   engine's call, with the ref (and the running release closure, stored
 //!   in it) borrowed: the unit it owes is paid by the engine once it no
-//!   longer touches the ref (`grace::after_completion`), never inside.
+//!   longer touches the ref (`PercpuRef::after_engine_completion`), never inside.
 //! - When another thread's put releases while the engine is still between
 //!   its put and its last store to the ref, that thread may free the block:
 //!   the `PercpuRef`'s `Drop` then waits for the engine, which runs no user
@@ -346,14 +346,7 @@ impl<T> Inner<T> {
     /// False, without waiting, on the engine thread while the kill is still
     /// queued (it would wait for itself).
     fn wait_engine_done(&self) -> bool {
-        if !self.pref.is_pending() {
-            return true;
-        }
-        if crate::grace::on_engine() {
-            return false;
-        }
-        crate::grace::wait_until(|_| self.pref.is_pending());
-        true
+        self.pref.wait_deferred_switch()
     }
 
     /// [`wait_released`](Self::wait_released) for a [`Killed`]: the
@@ -365,22 +358,15 @@ impl<T> Inner<T> {
     /// engine would wait for itself).
     fn wait_killed_released(&self, deadline: Option<Instant>, op: &str) -> bool {
         assert!(
-            !(crate::grace::on_engine() && self.pref.is_pending()),
+            !self.pref.deferred_switch_waits_for_this_thread(),
             "owned::Killed::{op} called from a deferred confirm or release while its own kill \
              is still queued: the grace-period engine would wait for itself"
         );
-        // Under loom there is no engine thread: complete the queued kills
-        // (ours among them) before waiting for the last `Ref`.
-        #[cfg(loom)]
-        while crate::grace::loom_step() {}
         // A thread blocks on this kill: the engine takes the queue now
         // rather than gathering more kills for up to a millisecond (as for
-        // `flush` and a pending ref's drop). Without this, `kill().wait()`
-        // of an unreferenced object took 1.1 ms instead of a grace period.
-        #[cfg(not(loom))]
-        if self.pref.is_pending() {
-            crate::grace::hurry();
-        }
+        // `flush` and a pending ref's drop), so that `kill().wait()` of an
+        // unreferenced object takes a grace period, not a millisecond more.
+        self.pref.hurry_deferred_switch();
         self.wait_released(deadline)
     }
 
@@ -457,8 +443,10 @@ unsafe fn release<T>(ptr: *const ()) {
     // mutant owned_engine_unit_unpaid: nobody pays the unit a release on
     // the engine owes (the block leaks).
     let pay = cfg!(not(percpu_ref_mutant = "owned_engine_unit_unpaid"));
-    if pay && crate::grace::completing(pref) {
-        crate::grace::after_completion(Box::new(settle_owed));
+    // SAFETY: as above; the engine's own borrow of the ref is shared too.
+    let pref = unsafe { &*pref };
+    if pay && pref.completing_on_engine() {
+        pref.after_engine_completion(Box::new(settle_owed));
     }
     let _owe = OnDrop(|| {
         owe_unit(Erased {

@@ -60,6 +60,8 @@ mod sharded;
 use crate::sync::AtomicUsize;
 use std::fmt;
 
+#[cfg(all(unix, not(miri), not(loom)))]
+pub(crate) use arena::{after_fork as arena_after_fork, prepare_fork as arena_prepare_fork};
 pub use cpus::possible_cpus;
 #[cfg(all(percpu_ref_rseq, percpu_ref_callgrind))]
 #[doc(hidden)]

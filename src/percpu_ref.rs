@@ -71,7 +71,7 @@
 
 use crate::atomic_mode::{AddOutcome, AtomicCount, Fold, PutOutcome, BIAS, MAX_COUNT};
 use crate::flags::{Error, InitFlags};
-use crate::grace::{self, Confirm, Entry};
+use crate::grace::{self, Callback, Entry};
 use crate::percpu::{
     backend, Backend, Counters, MODE_ATOMIC, MODE_DEAD, MODE_LIMIT, MODE_PENDING, PERCPU_N_LIMIT,
 };
@@ -83,6 +83,57 @@ use std::panic::{catch_unwind, resume_unwind, AssertUnwindSafe};
 use std::pin::Pin;
 
 type ReleaseFn = Box<dyn Fn(&PercpuRef) + Send + Sync + 'static>;
+
+/// A switch's `confirm`, as a deferred switch hands it to the engine.
+pub(crate) struct Confirm(Callback);
+
+impl Confirm {
+    pub(crate) fn new(f: impl FnOnce(&PercpuRef) + Send + 'static) -> Self {
+        Confirm(Callback::new(move |r| {
+            // SAFETY: `call` is the only caller, with a live ref's address.
+            f(unsafe { &*r.cast::<PercpuRef>() });
+        }))
+    }
+
+    fn call(self, r: &PercpuRef) {
+        // SAFETY: the closure `new` made expects a live ref's address.
+        unsafe { self.0.call(r.addr()) }
+    }
+}
+
+/// Waits until every deferred switch queued before the call (on any
+/// thread) has completed: its grace period passed, its `confirm` ran and
+/// its temporary reference (and, for a kill, the base reference) was put,
+/// so a `release` that was due has run. The kernel's `rcu_barrier`.
+///
+/// Returns at once when nothing was queued. Cuts the engine's gathering
+/// delay short.
+///
+/// # Panics
+///
+/// When called from a deferred `confirm` or `release` (on the engine
+/// thread): the engine would wait for itself.
+///
+/// # Examples
+///
+/// ```
+/// use percpu_ref::PercpuRef;
+/// use std::sync::atomic::{AtomicBool, Ordering};
+/// use std::sync::Arc;
+///
+/// let confirmed = Arc::new(AtomicBool::new(false));
+/// let r = Box::pin(PercpuRef::new(|_| {}));
+/// let c = confirmed.clone();
+/// r.as_ref()
+///     .kill_and_confirm_deferred(move |_| c.store(true, Ordering::SeqCst))
+///     .unwrap();
+/// percpu_ref::flush();
+/// assert!(confirmed.load(Ordering::SeqCst));
+/// assert!(r.is_zero()); // the base reference was put: released
+/// ```
+pub fn flush() {
+    grace::flush();
+}
 
 /// A reference count whose get/put scale with cores, with the Linux
 /// kernel's kill semantics.
@@ -675,7 +726,7 @@ impl PercpuRef {
         unsafe {
             Self::kill_deferred_raw(
                 self.get_ref(),
-                Some(Box::new(confirm)),
+                Some(Confirm::new(confirm)),
                 "kill_and_confirm_deferred",
             )
         }
@@ -731,7 +782,7 @@ impl PercpuRef {
         confirm: impl FnOnce(&PercpuRef) + Send + 'static,
     ) {
         // SAFETY: pinned: the ref stays at this address until its `Drop`.
-        unsafe { Self::switch_deferred_raw(self.get_ref(), Some(Box::new(confirm))) }
+        unsafe { Self::switch_deferred_raw(self.get_ref(), Some(Confirm::new(confirm))) }
     }
 
     /// Waits until every deferred switch queued before the call has
@@ -750,7 +801,7 @@ impl PercpuRef {
     /// assert!(r.is_zero());
     /// ```
     pub fn flush() {
-        grace::flush();
+        flush();
     }
 
     /// [`kill_and_confirm_deferred`](Self::kill_and_confirm_deferred)
@@ -787,7 +838,7 @@ impl PercpuRef {
         };
         r.start_deferred_switch(g, mode);
         // SAFETY: pinned and now pending (the caller's contract).
-        grace::enqueue(unsafe { Entry::new(this, true, r.counters.needs_grace_period(), confirm) });
+        unsafe { r.enqueue_deferred(Self::complete_deferred_kill, confirm) };
         Ok(())
     }
 
@@ -807,7 +858,7 @@ impl PercpuRef {
             let s = AtomicSwitch {
                 temp_ref: false,
                 miscount: None,
-                confirm_panic: confirm.and_then(|c| r.run_confirm(c)),
+                confirm_panic: confirm.and_then(|c| r.run_confirm(|r| c.call(r))),
             };
             let mut deferred = Deferred::default();
             r.finish_atomic_switch(&mut deferred, s, "switch_to_atomic_deferred", false);
@@ -817,9 +868,7 @@ impl PercpuRef {
         }
         r.start_deferred_switch(g, mode);
         // SAFETY: pinned and now pending (the caller's contract).
-        grace::enqueue(unsafe {
-            Entry::new(this, false, r.counters.needs_grace_period(), confirm)
-        });
+        unsafe { r.enqueue_deferred(Self::complete_deferred_switch, confirm) };
     }
 
     /// A deferred kill of a ref already in atomic mode: no grace period is
@@ -830,7 +879,7 @@ impl PercpuRef {
         let s = AtomicSwitch {
             temp_ref: false,
             miscount: None,
-            confirm_panic: confirm.and_then(|c| self.run_confirm(c)),
+            confirm_panic: confirm.and_then(|c| self.run_confirm(|r| c.call(r))),
         };
         let mut deferred = Deferred::default();
         self.finish_atomic_switch(&mut deferred, s, op, true);
@@ -853,6 +902,44 @@ impl PercpuRef {
         drop(g);
     }
 
+    /// Queues this pending ref's completion on the engine.
+    ///
+    /// # Safety
+    ///
+    /// The ref is pinned and pending: it stays at its address until its
+    /// `Drop`, which waits until [`complete_deferred`](Self::complete_deferred)
+    /// cleared the pending bit (the engine's invariant 4).
+    unsafe fn enqueue_deferred(&self, complete: grace::Complete, confirm: Option<Confirm>) {
+        let needs_gp = self.counters.needs_grace_period();
+        // SAFETY: `complete` is one of this type's completions, for which
+        // the ref is alive until it returns (the caller's contract).
+        let entry = unsafe { Entry::new(self.addr(), complete, confirm.map(|c| c.0), needs_gp) };
+        grace::enqueue(entry);
+    }
+
+    /// [`complete_deferred`](Self::complete_deferred) of a kill, as the
+    /// engine calls it.
+    ///
+    /// # Safety
+    ///
+    /// As `complete_deferred`; `this` is a `PercpuRef`'s address and the
+    /// callback its `Confirm`'s.
+    unsafe fn complete_deferred_kill(this: *const (), confirm: Option<Callback>) {
+        // SAFETY: forwarded.
+        unsafe { Self::complete_deferred(this.cast(), true, confirm.map(Confirm)) }
+    }
+
+    /// [`complete_deferred`](Self::complete_deferred) of a switch to atomic
+    /// mode, as the engine calls it.
+    ///
+    /// # Safety
+    ///
+    /// As [`complete_deferred_kill`](Self::complete_deferred_kill).
+    unsafe fn complete_deferred_switch(this: *const (), confirm: Option<Callback>) {
+        // SAFETY: forwarded.
+        unsafe { Self::complete_deferred(this.cast(), false, confirm.map(Confirm)) }
+    }
+
     /// The engine's part of a deferred switch, once the batch's grace
     /// period has passed: sum, fold, `confirm`, put the base reference (a
     /// kill) and the temporary one, release if due, then clear the pending
@@ -861,15 +948,10 @@ impl PercpuRef {
     ///
     /// # Safety
     ///
-    /// `this` is pending and pinned (see `grace::Entry::new`): alive until
+    /// `this` is pending and pinned (see `enqueue_deferred`): alive until
     /// the pending bit is cleared here, or until its release drops it on
-    /// this thread (`grace::dropped_by_release`); nothing is touched after
-    /// either.
-    pub(crate) unsafe fn complete_deferred(
-        this: *const Self,
-        kill: bool,
-        confirm: Option<Confirm>,
-    ) {
+    /// this thread (`grace::freed`); nothing is touched after either.
+    unsafe fn complete_deferred(this: *const Self, kill: bool, confirm: Option<Confirm>) {
         // SAFETY: alive until the end (the caller's contract); `r` is not
         // used after `release` if the release dropped the ref.
         let r = unsafe { &*this };
@@ -903,7 +985,7 @@ impl PercpuRef {
         let s = AtomicSwitch {
             temp_ref: !puts_first,
             miscount,
-            confirm_panic: confirm.and_then(|c| r.run_confirm(c)),
+            confirm_panic: confirm.and_then(|c| r.run_confirm(|r| c.call(r))),
         };
         r.finish_atomic_switch(&mut d, s, op, kill && !puts_first);
         if let Some(payload) = d.confirm_panic.take() {
@@ -916,7 +998,7 @@ impl PercpuRef {
             if let Err(payload) = catch_unwind(AssertUnwindSafe(|| (r.release)(r))) {
                 report_engine_panic(op, "release", &*payload);
             }
-            if grace::dropped_by_release() {
+            if grace::freed() {
                 return;
             }
         }
@@ -929,6 +1011,66 @@ impl PercpuRef {
         // release.
         #[cfg(percpu_ref_mutant = "engine_pending_clear_relaxed")]
         r.mode.fetch_and(!MODE_PENDING, Ordering::Relaxed);
+    }
+
+    // ----- for the layers above: a release that runs on the engine -------
+
+    /// Whether this thread is the grace-period engine completing this ref's
+    /// deferred switch: the `confirm` or `release` asking runs there, and
+    /// no call of the layer's is around it to finish what it starts.
+    pub(crate) fn completing_on_engine(&self) -> bool {
+        grace::completing(self.addr())
+    }
+
+    /// Runs `f` on this thread once the engine no longer touches this ref,
+    /// before it completes the next one: for a `confirm` or `release` on
+    /// the engine ([`completing_on_engine`](Self::completing_on_engine))
+    /// whose work may free the memory that holds the ref. A panic of `f`
+    /// is reported on stderr.
+    ///
+    /// # Panics
+    ///
+    /// When this thread is not completing this ref's deferred switch.
+    pub(crate) fn after_engine_completion(&self, f: Box<dyn FnOnce()>) {
+        assert!(
+            self.completing_on_engine(),
+            "PercpuRef::after_engine_completion outside the completion of this ref's deferred switch"
+        );
+        grace::after_completion(f);
+    }
+
+    /// Waits until the engine completed this ref's deferred switch (at once
+    /// if none is pending). False, without waiting, on the engine while the
+    /// switch is still pending: it would wait for itself.
+    pub(crate) fn wait_deferred_switch(&self) -> bool {
+        if !self.is_pending() {
+            return true;
+        }
+        if grace::on_engine() {
+            return false;
+        }
+        grace::wait_until(|| self.is_pending());
+        true
+    }
+
+    /// Whether a wait on this thread for what this ref's deferred switch
+    /// will do would wait for itself: this thread is the engine and the
+    /// switch is still pending.
+    pub(crate) fn deferred_switch_waits_for_this_thread(&self) -> bool {
+        grace::on_engine() && self.is_pending()
+    }
+
+    /// A thread is about to block until this ref's deferred switch has
+    /// done its part (its release, say): the engine takes its queue now
+    /// instead of gathering more switches. Under loom, where there is no
+    /// engine thread, this thread completes the queue itself.
+    pub(crate) fn hurry_deferred_switch(&self) {
+        #[cfg(loom)]
+        while grace::loom_step() {}
+        #[cfg(not(loom))]
+        if self.is_pending() {
+            grace::hurry();
+        }
     }
 
     // ----- mode switches ----------------------------------------------------
@@ -1199,7 +1341,7 @@ impl PercpuRef {
         let me = sync::thread_token();
         assert!(
             self.switch_owner.load(std::sync::atomic::Ordering::Relaxed) != me
-                && !grace::completing(self),
+                && !grace::completing(self.addr()),
             "percpu_ref::{op} called from inside a confirm callback (or a deferred release) on the same ref: \
              switches are serialised, so this would deadlock"
         );
@@ -1213,6 +1355,11 @@ impl PercpuRef {
             drop(state);
             self.wait_not_pending(op);
         }
+    }
+
+    /// The ref's address, as the engine knows it.
+    fn addr(&self) -> *const () {
+        std::ptr::from_ref(self).cast()
     }
 
     /// Whether a deferred switch of this ref is queued or being completed.
@@ -1230,7 +1377,7 @@ impl PercpuRef {
             "percpu_ref::{op} called from a deferred confirm or release on a ref whose own \
              deferred switch is still queued: the grace-period engine would wait for itself"
         );
-        grace::wait_until(|_| self.is_pending());
+        grace::wait_until(|| self.is_pending());
     }
 
     /// Waits until no `try_add` can count any more and returns the sum: the
@@ -1416,8 +1563,8 @@ impl Drop for PercpuRef {
         if !self.is_pending() {
             return;
         }
-        if grace::completing(self) {
-            grace::mark_dropped_by_release();
+        if grace::completing(self.addr()) {
+            grace::mark_freed();
             return;
         }
         if grace::on_engine() {
@@ -1430,7 +1577,7 @@ impl Drop for PercpuRef {
             );
             std::process::abort();
         }
-        grace::wait_until(|_| self.is_pending());
+        grace::wait_until(|| self.is_pending());
     }
 }
 

@@ -27,6 +27,7 @@
 
 use super::hierarchy::{Cgroup, CgroupNode, Inner};
 use super::subsys::{CallbackPanics, Subsys};
+use crate::percpu_ref::Confirm;
 use crate::sync::{self, AtomicUsize, Mutex, Ordering};
 use crate::{InitFlags, PercpuRef};
 use std::cell::Cell;
@@ -672,14 +673,14 @@ fn hand_on_release(p: CssPtr, panics: &mut CallbackPanics) {
 /// release; the `css_put` (or `kill_css`) around the call hands it on.
 fn css_release(p: CssPtr) {
     // SAFETY: the last put's `PercpuRef` call borrows the css: it is alive.
-    let refcnt = unsafe { std::ptr::addr_of!((*p.as_ptr()).refcnt) };
-    if crate::grace::completing(refcnt) {
+    let refcnt = unsafe { &(*p.as_ptr()).refcnt };
+    if refcnt.completing_on_engine() {
         // The engine's put of a deferred kill was the last: no wrapper of
         // ours is around that call, so the engine hands the release on once
         // it is done with the css.
         // SAFETY: as above.
         let hier = unsafe { p.get() }.hier.clone();
-        crate::grace::after_completion(Box::new(move || {
+        refcnt.after_engine_completion(Box::new(move || {
             let mut panics = CallbackPanics::default();
             settle_releases(&mut panics);
             if let Some(payload) = panics.take() {
@@ -800,7 +801,7 @@ pub(crate) fn kill_css(p: CssPtr) {
     let killed = unsafe {
         PercpuRef::kill_deferred_raw(
             std::ptr::addr_of!((*p.as_ptr()).refcnt),
-            Some(Box::new(move |_| css_killed_ref_fn(p))),
+            Some(Confirm::new(move |_| css_killed_ref_fn(p))),
             "kill_css",
         )
     };
@@ -819,7 +820,7 @@ pub(crate) fn kill_css(p: CssPtr) {
 /// wait for the engine: `flush`, a free that waits for a pending ref), nor
 /// run destroy work under the engine's borrow of the css. So it only
 /// counts, and hands the queueing to the engine for after the call
-/// (`grace::after_completion`), when the css is still pinned by the kill's
+/// (`PercpuRef::after_engine_completion`), when the css is still pinned by the kill's
 /// extra reference. With an atomic refcount the kill completes in `rmdir`,
 /// which holds `cgroup_mutex`: then it queues, and `rmdir` runs the work
 /// when it unlocks.
@@ -843,8 +844,8 @@ fn css_killed_ref_fn(p: CssPtr) {
                 hier.keep_orphan(payload);
             }
         };
-        if crate::grace::completing(std::ptr::addr_of!(css.refcnt)) {
-            crate::grace::after_completion(Box::new(queue));
+        if css.refcnt.completing_on_engine() {
+            css.refcnt.after_engine_completion(Box::new(queue));
         } else {
             // This thread holds cgroup_mutex (only `rmdir` and `mkdir`'s
             // undo kill), so this only queues: nothing runs inside the

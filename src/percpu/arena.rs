@@ -77,10 +77,11 @@
 //!
 //! The bookkeeping (chunks, free list) sits behind a small spin lock of our
 //! own rather than a `std::sync::Mutex`, so that it can be taken around a
-//! `fork`: `pthread_atfork` handlers, registered when the program is
-//! loaded (an `.init_array` entry, so before any thread can take the lock),
-//! acquire it in the forking thread before the fork and release it in the
-//! parent and in the child afterwards. A fork therefore never happens while
+//! `fork`: the process's `pthread_atfork` handlers (`src/fork.rs`,
+//! registered when the program is loaded, so before any thread can take
+//! the lock) acquire it in the forking thread before the fork
+//! ([`prepare_fork`]) and release it in the parent and in the child
+//! afterwards ([`after_fork`]). A fork therefore never happens while
 //! another thread holds it, and the child (which has only the forking
 //! thread) finds it free: its first ref alloc or drop cannot deadlock. (A
 //! `Mutex` held by another thread at the fork stays locked forever in the
@@ -222,68 +223,21 @@ fn arena() -> ArenaGuard {
     ArenaGuard(())
 }
 
-/// Whether `pthread_atfork` accepted the handlers (at load time).
+/// Before `fork`, in the forking thread (`crate::fork`): waits until no
+/// other thread holds the lock and takes it. Two threads forking at once
+/// are serialised here (glibc does not hold its own lock while it runs
+/// the handlers).
 #[cfg(all(unix, not(miri)))]
-static FORK_HANDLERS: AtomicBool = AtomicBool::new(false);
-
-/// Runs in the forking thread before the fork: waits until no other thread
-/// holds the lock and takes it. Two threads forking at once are serialised
-/// here (glibc does not hold its own lock while it runs the handlers).
-#[cfg(all(unix, not(miri)))]
-extern "C" fn before_fork() {
+pub(crate) fn prepare_fork() {
     ARENA.acquire();
 }
 
-/// Runs in the parent and in the child after the fork: releases the lock
-/// taken by [`before_fork`] (in the child, on behalf of its only thread).
+/// After `fork`, in the parent and in the child: releases the lock taken
+/// by [`prepare_fork`] (in the child, on behalf of its only thread).
 #[cfg(all(unix, not(miri)))]
-extern "C" fn after_fork() {
+pub(crate) fn after_fork() {
     ARENA.release();
 }
-
-/// Registers the fork handlers exactly once, when the program (or the
-/// library, through `dlopen`) is loaded: the loader runs `.init_array`
-/// entries on one thread, before `main` and before any code of this crate
-/// can take the lock. Registering later, at first use, would leave a
-/// window: a fork that had already listed the handlers (without ours) could
-/// happen while another thread, just registered, holds the lock.
-#[cfg(all(unix, not(miri)))]
-extern "C" fn register_fork_handlers() {
-    let (prepare, after): (unsafe extern "C" fn(), unsafe extern "C" fn()) =
-        (before_fork, after_fork);
-    // SAFETY: the handlers are plain functions that live for the whole
-    // process and only touch the lock's atomic. pthread_atfork fails only
-    // with ENOMEM; then forks are not protected (FORK_HANDLERS says so).
-    let ok = unsafe { libc::pthread_atfork(Some(prepare), Some(after), Some(after)) } == 0;
-    // The grace-period engine's handlers, registered after the arena's so
-    // that its prepare runs first (prepare handlers run in reverse order):
-    // it waits for a batch in flight, whose releases may free refs, which
-    // takes the arena lock.
-    let (prepare, parent, child): (
-        unsafe extern "C" fn(),
-        unsafe extern "C" fn(),
-        unsafe extern "C" fn(),
-    ) = (
-        crate::grace::before_fork,
-        crate::grace::after_fork_parent,
-        crate::grace::after_fork_child,
-    );
-    // SAFETY: as above: plain functions that live for the whole process;
-    // they take and release the engine's own locks in the forking thread.
-    // mutant engine_no_fork_handlers: the child inherits a queue whose
-    // engine thread it does not have (plain test: tests/deferred_fork.rs).
-    #[cfg(not(percpu_ref_mutant = "engine_no_fork_handlers"))]
-    let ok = ok && unsafe { libc::pthread_atfork(Some(prepare), Some(parent), Some(child)) } == 0;
-    #[cfg(percpu_ref_mutant = "engine_no_fork_handlers")]
-    let _ = (prepare, parent, child);
-    FORK_HANDLERS.store(ok, Ordering::Relaxed);
-}
-
-#[cfg(all(unix, not(miri)))]
-#[used]
-#[cfg_attr(target_vendor = "apple", link_section = "__DATA,__mod_init_func")]
-#[cfg_attr(not(target_vendor = "apple"), link_section = ".init_array")]
-static REGISTER_FORK_HANDLERS: extern "C" fn() = register_fork_handlers;
 
 /// The number of per-CPU regions in every chunk of the arena: CPU ids
 /// `0..arena_cpus()` have a counter, no other id has one.
@@ -625,14 +579,6 @@ pub(super) fn stats() -> ArenaStats {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    /// The `.init_array` entry survived linking and registered the fork
-    /// handlers before `main`.
-    #[cfg(all(unix, not(miri)))]
-    #[test]
-    fn fork_handlers_are_registered_at_load() {
-        assert!(FORK_HANDLERS.load(Ordering::Relaxed));
-    }
 
     #[test]
     fn reused_slot_is_zeroed_and_distinct() {

@@ -95,7 +95,7 @@ use std::arch::asm;
 
 /// Waits until no section can count on `slot` any more (a grace period of
 /// its own) and returns its sum; the protocol shares grace periods instead
-/// (`crate::grace`).
+/// (the grace-period engine).
 #[cfg(test)]
 fn seal_and_sum(slot: &Slot) -> std::io::Result<u64> {
     rseq_abi::grace_period()?;
