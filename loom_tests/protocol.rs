@@ -382,7 +382,7 @@ fn no_false_underflow(backend: Backend) {
     assert!(r.is_zero());
 }
 
-// ----- 8. paths no other model reaches (issue 11) ---------------------------
+// ----- 8. paths no other model reaches -------------------------------------
 
 /// Model 8a: `switch_to_percpu` on a killed ref races `tryget_live` and the
 /// last holder's put (ALLOW_REINIT). A dead ref stays atomic and dead until

@@ -123,8 +123,8 @@ use std::cell::Cell;
 #[cfg(not(loom))]
 pub(crate) const BATCH_DELAY: std::time::Duration = std::time::Duration::from_millis(1);
 /// A batch this large runs its grace period without waiting any longer: a
-/// burst costs one membarrier per 4096 switches (the bound is one
-/// per 1000), and a batch's completion stays a few milliseconds of work.
+/// burst costs one membarrier per 4096 switches (the design asks for at
+/// most one per 1000), and a batch's completion stays a few milliseconds of work.
 #[cfg(not(loom))]
 pub(crate) const BATCH_FULL: usize = 4096;
 

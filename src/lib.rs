@@ -202,7 +202,8 @@
 //! on both; `crossbeam_epoch::pin`: 7.23 ns and 10.12 ns). A kill with the
 //! other CPU busy on the ref took 18.9–19.2 µs there (one `membarrier`,
 //! which in a VM costs a VM exit; `cargo bench --bench fast_path`). Each
-//! ref costs 8 bytes per possible CPU plus 80 bytes. The tables, the
+//! ref costs 8 bytes per possible CPU plus the `PercpuRef`, 64 bytes on
+//! 64-bit Linux (a compile-time assertion keeps that figure true). The tables, the
 //! kernel's 2013 copy-size table reproduced and the commands:
 //! [docs/performance.md](https://docs.rs/crate/percpu-ref/latest/source/docs/performance.md).
 //!
@@ -240,8 +241,12 @@
 //!
 //! # Limitations
 //!
-//! - Switches are synchronous: `kill` and `switch_to_atomic` return after
-//!   the grace period and `confirm`. They are meant to be rare.
+//! - `kill` and `switch_to_atomic` return after the grace period and
+//!   `confirm`: a `membarrier` each on the rseq backend (shared by switches
+//!   that overlap). Where that wait is too long, `kill_deferred` and the
+//!   other `_deferred` switches return at once on a pinned ref and leave
+//!   the grace period to the engine, which batches them; either way
+//!   switches are meant to be rarer than gets and puts.
 //! - In percpu mode an underflow cannot be seen until the next switch to
 //!   atomic mode; it is then reported by a panic. So is an overflow made
 //!   of more than 2^46 per-CPU calls; one of more than about 2^47 such

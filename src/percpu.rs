@@ -7,23 +7,29 @@
 //! percpu mode exactly when its `MODE_ATOMIC` bit is clear; in percpu mode
 //! its low half is the backend's `Counters::percpu_mode` (the rseq
 //! section's CPU bound, `MODE_LIMIT`), in atomic mode it is 0. A backend
-//! owns one counter per possible CPU (or per shard) for one ref and offers
-//! three operations:
+//! owns one counter per possible CPU (or per shard) for one ref. The
+//! protocol uses `Counters` through these methods, and one function:
 //!
+//! - `Counters::new(backend, atomic)`: counters for a ref starting in
+//!   percpu mode (all zero), or in atomic mode (sealed, as
+//!   `sum_after_grace_period` leaves them).
 //! - `try_add(mode, delta) -> bool`: add `delta` (wrapping) to the calling
 //!   CPU's counter *only if the ref is still in percpu mode*, atomically
 //!   with respect to a switch. `false` means nothing was counted and the
 //!   caller must take the atomic path.
-//! - `seal_and_sum() -> io::Result<u64>`: called by the switcher after
-//!   it set `MODE_ATOMIC`. Returns, with the wrapping sum of all counters,
-//!   once no further `try_add` can be counted (the grace period). An error
-//!   (the rseq backend's `membarrier` refused) means nothing was sealed:
-//!   every counter still counts, and the switcher undoes the switch.
-//! - `new(atomic)`: counters for a ref starting in percpu mode (all zero),
-//!   or in atomic mode (sealed, as `seal_and_sum` leaves them).
-//! - `reset()`: zero every counter. Called with the switch
-//!   lock held while the mode is atomic and sealed, just before the mode
-//!   word is cleared with a release store.
+//! - `needs_grace_period()`: whether a switcher must wait for the
+//!   process-wide [`grace_period`] between its `MODE_ATOMIC` store and the
+//!   sum (rseq: the `membarrier`). The grace-period engine runs it, shared
+//!   by many switches; an error (the `membarrier` refused) means nothing
+//!   was sealed: every counter still counts, and the switcher undoes the
+//!   switch. The sharded backend needs none: it seals each ref by itself.
+//! - `sum_after_grace_period() -> u64`: the wrapping sum of all counters,
+//!   once no further `try_add` can be counted (the sharded backend seals
+//!   its shards here).
+//! - `reset()`: zero every counter. Called with the switch lock held while
+//!   the mode is atomic and sealed, just before the mode word is cleared
+//!   with a release store.
+//! - `percpu_mode()`: the mode word's low half in percpu mode.
 //!
 //! The invariant the protocol relies on: every `try_add` that returned
 //! `true` is included in exactly one `seal_and_sum`, and every `try_add`
@@ -208,9 +214,9 @@ pub(crate) const MODE_ATOMIC: usize = 1 << FLAG_SHIFT;
 /// Mode bit: the ref was killed (always set together with `MODE_ATOMIC`).
 pub(crate) const MODE_DEAD: usize = 2 << FLAG_SHIFT;
 /// Mode bit: a deferred switch to atomic mode of this ref is queued or being
-/// completed by the grace-period engine (`src/grace.rs`). Set with
-/// `MODE_ATOMIC` under the switch lock; cleared by the engine, as its last
-/// access to the ref. While it is set, no other switch may start and
+/// completed by the grace-period engine. Set with `MODE_ATOMIC` under the
+/// switch lock; cleared without it by the ref's deferred completion, as
+/// the engine's last access to the ref. While it is set, no other switch may start and
 /// `Drop` waits.
 pub(crate) const MODE_PENDING: usize = 4 << FLAG_SHIFT;
 /// The low half of the mode word (rseq builds only): the rseq section's

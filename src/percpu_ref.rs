@@ -1,6 +1,8 @@
 //! The `percpu_ref` protocol: modes, switches, kill and release.
 //!
-//! This is lib/percpu-refcount.c made synchronous. A ref is a mode word,
+//! This is lib/percpu-refcount.c, with synchronous switches (each waits
+//! for its grace period) beside deferred ones (the kernel's: queued on the
+//! grace-period engine). A ref is a mode word,
 //! per-CPU counters ([`Counters`]) and one atomic counter
 //! ([`AtomicCount`]). In percpu mode get/put touch only the caller's CPU
 //! counter; the atomic counter holds `BIAS + a` so it cannot reach zero.
@@ -164,7 +166,11 @@ pub fn flush() {
 /// assert!(r.is_zero());
 /// ```
 pub struct PercpuRef {
-    /// `MODE_ATOMIC` / `MODE_DEAD`; written only under `switch`.
+    /// `MODE_ATOMIC` / `MODE_DEAD` / `MODE_PENDING` and the rseq bound:
+    /// written under `switch`, except that a deferred switch's completion
+    /// clears `MODE_PENDING` without it (the engine's last access to the
+    /// ref; no switch can hold the lock meanwhile, as every switch waits
+    /// for the bit to clear first).
     mode: AtomicUsize,
     counters: Counters,
     count: AtomicCount,
@@ -178,6 +184,15 @@ pub struct PercpuRef {
     /// pinned, it stays there until `Drop`, which waits for the engine.
     _pinned: PhantomPinned,
 }
+
+// The size the docs quote (crate docs, `percpu/arena.rs`,
+// docs/performance.md, docs/design.md): 64 bytes on 64-bit Linux, where the
+// std mutex is one futex word. Other targets' mutexes differ in size.
+#[cfg(all(target_os = "linux", target_pointer_width = "64", not(loom)))]
+const _: () = assert!(
+    std::mem::size_of::<PercpuRef>() == 64,
+    "PercpuRef is no longer 64 bytes: update the docs that quote its size"
+);
 
 /// What the kernel keeps in `percpu_ref_data` besides the count.
 struct SwitchState {
@@ -1064,6 +1079,13 @@ impl PercpuRef {
     /// done its part (its release, say): the engine takes its queue now
     /// instead of gathering more switches. Under loom, where there is no
     /// engine thread, this thread completes the queue itself.
+    #[cfg_attr(
+        loom,
+        allow(
+            clippy::unused_self,
+            reason = "under loom every queued switch is completed"
+        )
+    )]
     pub(crate) fn hurry_deferred_switch(&self) {
         #[cfg(loom)]
         while grace::loom_step() {}
@@ -1098,8 +1120,8 @@ impl PercpuRef {
         self.switch_to_atomic_and_confirm(|_| {});
     }
 
-    /// The kernel's name for [`switch_to_atomic`](Self::switch_to_atomic)
-    /// (every switch here is synchronous).
+    /// The kernel's name for [`switch_to_atomic`](Self::switch_to_atomic),
+    /// which already waits for the switch to complete.
     ///
     /// # Panics
     ///

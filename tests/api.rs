@@ -413,7 +413,7 @@ fn is_send_and_sync() {
     check::<Error>();
 }
 
-// ----- deferred switches (issue 12) -------------------------------------------
+// ----- deferred switches ------------------------------------------------------
 //
 // Small enough for Miri, which runs them on the sharded backend with the
 // engine thread.

@@ -1,6 +1,5 @@
 //! `PERCPU_REF_BACKEND`: a value that is not honoured says so, once, on
-//! stderr (issue 10, item 12: a typo such as `rsqe` used to be ignored
-//! silently).
+//! stderr (a typo such as `rsqe` is not silently ignored).
 //!
 //! The backend is chosen once per process, so each case re-runs this test
 //! binary as a subprocess with the variable set (as `tests/rseq_stress.rs`

@@ -1,4 +1,4 @@
-//! Ref churn at scale (issue 13): many threads create, use, kill and drop
+//! Ref churn at scale: many threads create, use, kill and drop
 //! refs at once, so that arena slots move between thread caches and the
 //! shared pool and are reused while other refs live, with a fork in the
 //! middle.

@@ -1,4 +1,4 @@
-//! Soundness of the css model (issue 10, items 1, 2, 3, 10 and 11): every
+//! Soundness of the css model: every
 //! handle keeps what it points at alive; no css is freed while its own
 //! release is on the stack; a panicking subsystem callback or a failed
 //! charge leaves the hierarchy usable and leaks nothing.
@@ -610,7 +610,7 @@ fn failed_charge_takes_no_reference() {
     assert_eq!(check_lifecycle(&rec.events()), 1);
 }
 
-// ----- issue 15: css ids are u32 ---------------------------------------------
+// ----- css ids are u32 -------------------------------------------------------
 
 /// A table of more ids than `u32` holds is refused up front with a message
 /// naming the option, not truncated (ids would wrap and alias).

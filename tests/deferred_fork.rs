@@ -1,4 +1,4 @@
-//! The grace-period engine across `fork` (issue 12).
+//! The grace-period engine across `fork`.
 //!
 //! `fork_during_a_stream_of_deferred_kills`: threads kill refs with the
 //! deferred API (and drop them, which waits for the engine) while the main

@@ -1,4 +1,4 @@
-//! Deferred kills under load (issue 12): thousands of refs killed with the
+//! Deferred kills under load: thousands of refs killed with the
 //! asynchronous API by several threads while more threads (4x the cores in
 //! all, so the engine thread is preempted and migrated) get, put and
 //! tryget on them.

@@ -1,4 +1,4 @@
-//! Grace periods are shared (issue 12), counted with
+//! Grace periods are shared, counted with
 //! `percpu::grace_periods()` (membarriers issued by the rseq backend).
 //!
 //! One test function, so that no other test of this binary issues grace

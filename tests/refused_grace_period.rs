@@ -1,4 +1,4 @@
-//! A refused grace period undoes the switch (issue 10, item 6): a thread
+//! A refused grace period undoes the switch: a thread
 //! whose `membarrier` a seccomp filter blocks gets
 //! `Error::GracePeriodFailed` from `kill_and_confirm` and a panic from
 //! `switch_to_atomic`, with the ref exactly as it was.

@@ -8,7 +8,7 @@
 //!
 //! `fork_while_another_thread_allocates_and_drops_refs`: a fork must never
 //! leave the arena's lock held by a thread that the child does not have
-//! (issue 10, item 13: the child used to deadlock at its first ref alloc
+//! (without the fork handlers the child deadlocks at its first ref alloc
 //! or drop).
 //!
 //! `fork_during_first_detection`: the same for the process's one-time

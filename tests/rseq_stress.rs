@@ -12,7 +12,7 @@
 //! And one subprocess plays a container that under-reports the possible
 //! CPUs: pinned to CPU 1 with the possible-CPU count capped at 1, so the
 //! arena has no region for CPU 1 and every operation must take the atomic
-//! path (issue 10, item 4: it used to add past the end of the arena).
+//! path (without the bound it would add past the end of the arena).
 //!
 //! Sizes: 16 workers; 10^7 get+put operations each in release builds,
 //! 2 * 10^5 in debug builds (run `cargo test --release --test rseq_stress`

@@ -1,7 +1,7 @@
 //! The promises of `PercpuRef` under hostile input: panicking callbacks,
 //! released refs sent back to percpu mode, huge `n`
 //! and counts at their limit. Each test runs on every available backend.
-//! (Issue 10, items 5 to 9; the css and rseq items have their own files.)
+//! (The css and rseq backends' own promises have their own files.)
 
 mod common;
 use common::{backends, counted, counted_with, panic_message};

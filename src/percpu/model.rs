@@ -27,7 +27,7 @@
 //! two of its operations, and CPUs are shared by several threads (2 CPUs
 //! for up to 3 threads).
 //!
-//! # Is the model weaker than the real fast path? (issue 11)
+//! # Is the model weaker than the real fast path?
 //!
 //! No, for the switch back to percpu mode: the orders it lets a section see
 //! are the ones the real section can see, and the mutants of that switch's

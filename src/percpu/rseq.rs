@@ -282,12 +282,11 @@ mod tests {
         }
     }
 
-    /// Issue 10, item 4: the arena believes there is one CPU (a container
-    /// that under-reports the possible CPUs) and the thread runs on CPU 1.
-    /// The section must not count and must write nothing: without the
-    /// bound it added into the region of CPU 1, which such an arena does
-    /// not have (heap memory past the chunk). Since issue 14 the bound is
-    /// the low half of the mode word.
+    /// The arena believes there is one CPU (a container that under-reports
+    /// the possible CPUs) and the thread runs on CPU 1. The section must
+    /// not count and must write nothing: without the bound (the mode
+    /// word's low half) it would add into the region of CPU 1, which such
+    /// an arena does not have (memory past the chunk).
     #[test]
     fn cpu_at_or_above_the_arena_bound_is_not_counted_and_writes_nothing() {
         if !rseq_abi::available() {
