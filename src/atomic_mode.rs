@@ -42,11 +42,8 @@
 use crate::sync::{AtomicU64, Ordering};
 
 /// Added to the atomic counter while per-CPU counters are in use.
-#[cfg(not(percpu_ref_mutant = "no_bias"))]
-pub(crate) const BIAS: u64 = 1 << 63;
 // mutant no_bias: the atomic counter holds only what was added to it directly.
-#[cfg(percpu_ref_mutant = "no_bias")]
-pub(crate) const BIAS: u64 = 0;
+pub(crate) const BIAS: u64 = mutant!("no_bias", 1 << 63, 0);
 /// The largest `n` accepted by the `_many` operations, and the bound on a
 /// true count.
 pub(crate) const MAX_COUNT: u64 = (1 << 62) - 1;
@@ -156,10 +153,11 @@ impl AtomicCount {
         loop {
             let new = checked_add(cur, n).ok_or(AddOutcome::Overflow { count: cur })?;
             // mutant revive_base_ref_relaxed: the revival publishes nothing.
-            #[cfg(not(percpu_ref_mutant = "revive_base_ref_relaxed"))]
-            let success = Ordering::Release;
-            #[cfg(percpu_ref_mutant = "revive_base_ref_relaxed")]
-            let success = Ordering::Relaxed;
+            let success = mutant!(
+                "revive_base_ref_relaxed",
+                Ordering::Release,
+                Ordering::Relaxed
+            );
             match self
                 .value
                 .compare_exchange_weak(cur, new, success, Ordering::Relaxed)
@@ -204,10 +202,7 @@ impl AtomicCount {
             // under the references put before it (as Arc's drop does).
             // mutant put_many_zero_check_off: "reached zero" when the old
             // value was 1, right only for n == 1.
-            #[cfg(not(percpu_ref_mutant = "put_many_zero_check_off"))]
-            let reached_zero = new == 0;
-            #[cfg(percpu_ref_mutant = "put_many_zero_check_off")]
-            let reached_zero = cur == 1;
+            let reached_zero = mutant!("put_many_zero_check_off", new == 0, cur == 1);
             match self
                 .value
                 .compare_exchange_weak(cur, new, Ordering::AcqRel, Ordering::Relaxed)

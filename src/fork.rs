@@ -40,7 +40,7 @@ static REGISTERED: AtomicBool = AtomicBool::new(false);
 // mutant engine_no_fork_handlers: the engine takes no part in a fork, so
 // the child inherits a queue whose engine thread it does not have (plain
 // test: tests/deferred_fork.rs).
-const ENGINE_TAKES_PART: bool = cfg!(not(percpu_ref_mutant = "engine_no_fork_handlers"));
+const ENGINE_TAKES_PART: bool = !mutated!("engine_no_fork_handlers");
 
 extern "C" fn prepare() {
     if ENGINE_TAKES_PART {

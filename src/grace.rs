@@ -336,7 +336,7 @@ pub(crate) fn cookie() -> u64 {
     }
     // mutant engine_late_join: a grace period already in flight (or done)
     // counts for a switch that set ATOMIC after it started.
-    if cfg!(percpu_ref_mutant = "engine_late_join") {
+    if mutated!("engine_late_join") {
         return started;
     }
     started + 1
@@ -351,7 +351,7 @@ pub(crate) fn cookie() -> u64 {
 pub(crate) fn synchronize(cookie: u64) -> std::io::Result<()> {
     let e = engine();
     // mutant engine_no_sharing: every waiter runs a grace period of its own.
-    let shared = cfg!(not(percpu_ref_mutant = "engine_no_sharing"));
+    let shared = !mutated!("engine_no_sharing");
     if shared && e.completed.load(Ordering::Acquire) >= cookie {
         return Ok(());
     }
@@ -487,13 +487,13 @@ fn complete_batch(batch: Batch) {
     let needs_gp = batch.entries.iter().any(|e| e.needs_gp);
     // mutant engine_flush_early: count the batch as finished when it is
     // taken, before its confirms ran.
-    let finished_early = cfg!(percpu_ref_mutant = "engine_flush_early");
+    let finished_early = mutated!("engine_flush_early");
     if finished_early {
         finish(n);
     }
     // mutant engine_complete_before_gp: complete the batch, then run its
     // grace period.
-    let gp_first = cfg!(not(percpu_ref_mutant = "engine_complete_before_gp"));
+    let gp_first = !mutated!("engine_complete_before_gp");
     if needs_gp && gp_first {
         run_grace_period(batch.cookie, batch.entries.len());
     }

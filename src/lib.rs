@@ -286,6 +286,9 @@
 #![cfg_attr(test, allow(clippy::pedantic))]
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
+#[macro_use]
+mod mutant;
+
 mod atomic_mode;
 #[cfg(feature = "css")]
 #[cfg_attr(docsrs, doc(cfg(feature = "css")))]

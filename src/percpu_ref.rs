@@ -498,11 +498,12 @@ impl PercpuRef {
 
     #[inline(never)]
     fn tryget_atomic(&self, op: &str, n: u64) -> bool {
-        #[cfg(not(percpu_ref_mutant = "tryget_no_zero_check"))]
-        let outcome = self.count.add_unless_zero(n);
         // mutant tryget_no_zero_check: in atomic mode, add even at zero.
-        #[cfg(percpu_ref_mutant = "tryget_no_zero_check")]
-        let outcome = self.count.add(n).map_or_else(|e| e, |_| AddOutcome::Added);
+        let outcome = mutant!(
+            "tryget_no_zero_check",
+            self.count.add_unless_zero(n),
+            self.count.add(n).map_or_else(|e| e, |_| AddOutcome::Added)
+        );
         match outcome {
             AddOutcome::Added => true,
             AddOutcome::Zero => false,
@@ -528,22 +529,24 @@ impl PercpuRef {
         // ordering-audit: Relaxed: a snapshot, as `mode()`: a tryget_live
         // ordered after the kill sees ATOMIC by coherence, and one that
         // misses it races with the kill, which may go either way.
-        #[cfg(not(percpu_ref_mutant = "tryget_live_no_mode_check"))]
-        let percpu = self.mode.load(Ordering::Relaxed) & MODE_ATOMIC == 0;
         // mutant tryget_live_no_mode_check: count on unsealed shards after a
         // deferred kill returned.
-        #[cfg(percpu_ref_mutant = "tryget_live_no_mode_check")]
-        let percpu = true;
+        let percpu = mutant!(
+            "tryget_live_no_mode_check",
+            self.mode.load(Ordering::Relaxed) & MODE_ATOMIC == 0,
+            true
+        );
         percpu && self.counters.try_add(&self.mode, 1) || self.tryget_live_atomic()
     }
 
     #[inline(never)]
     fn tryget_live_atomic(&self) -> bool {
-        #[cfg(not(percpu_ref_mutant = "tryget_live_no_dead_check"))]
-        let alive = self.mode() & MODE_DEAD == 0;
         // mutant tryget_live_no_dead_check: behave as tryget.
-        #[cfg(percpu_ref_mutant = "tryget_live_no_dead_check")]
-        let alive = true;
+        let alive = mutant!(
+            "tryget_live_no_dead_check",
+            self.mode() & MODE_DEAD == 0,
+            true
+        );
         alive && self.tryget_atomic("tryget_live", 1)
     }
 
@@ -604,22 +607,26 @@ impl PercpuRef {
         }
         let mut deferred = Deferred::default();
         // mutant base_put_first: drop the base reference before switching.
-        #[cfg(percpu_ref_mutant = "base_put_first")]
-        self.put_locked(&mut deferred, "kill_and_confirm (base reference)");
+        let base_put_first = mutated!("base_put_first");
+        if base_put_first {
+            self.put_locked(&mut deferred, "kill_and_confirm (base reference)");
+        }
         // mutant dead_after_confirm: mark dead only once confirm has run.
+        let dead_first = !mutated!("dead_after_confirm");
         // mutant kill_atomic_skips_dead: kill an already-atomic ref without DEAD.
-        #[cfg(not(percpu_ref_mutant = "dead_after_confirm"))]
-        if mode & MODE_ATOMIC == 0 || cfg!(not(percpu_ref_mutant = "kill_atomic_skips_dead")) {
+        let mark_dead = mode & MODE_ATOMIC == 0 || !mutated!("kill_atomic_skips_dead");
+        if dead_first && mark_dead {
             // ordering-audit: Relaxed: DEAD publishes nothing. A tryget_live ordered
             // after the kill sees it by coherence; one racing the kill may succeed
             // either way, as in the kernel.
             self.mode.store(mode | MODE_DEAD, Ordering::Relaxed);
         }
         let switch = self.switch_to_atomic_locked(&mut g, confirm, mode, "kill_and_confirm")?;
-        #[cfg(percpu_ref_mutant = "dead_after_confirm")]
-        self.mode.store(self.mode() | MODE_DEAD, Ordering::Release);
-        let put_base = cfg!(not(percpu_ref_mutant = "base_put_first"));
-        self.finish_atomic_switch(&mut deferred, switch, "kill_and_confirm", put_base);
+        if !dead_first {
+            // ordering-audit: mutant only (dead_after_confirm): never runs in a real build.
+            self.mode.store(self.mode() | MODE_DEAD, Ordering::Relaxed);
+        }
+        self.finish_atomic_switch(&mut deferred, switch, "kill_and_confirm", !base_put_first);
         drop(g);
         self.run_deferred(deferred);
         Ok(())
@@ -846,11 +853,7 @@ impl PercpuRef {
         }
         // mutant engine_dead_late: a deferred kill marks the ref dead only
         // when the engine completes it.
-        let mode = if cfg!(percpu_ref_mutant = "engine_dead_late") {
-            mode
-        } else {
-            mode | MODE_DEAD
-        };
+        let mode = mutant!("engine_dead_late", mode | MODE_DEAD, mode);
         r.start_deferred_switch(g, mode);
         // SAFETY: pinned and now pending (the caller's contract).
         unsafe { r.enqueue_deferred(Self::complete_deferred_kill, confirm) };
@@ -975,9 +978,8 @@ impl PercpuRef {
         } else {
             "switch_to_atomic_deferred"
         };
-        #[cfg(percpu_ref_mutant = "engine_dead_late")]
-        if kill {
-            // ordering-audit: mutant only.
+        if kill && mutated!("engine_dead_late") {
+            // ordering-audit: mutant only (engine_dead_late).
             r.mode.fetch_or(MODE_DEAD, Ordering::Relaxed);
         }
         let sum = r.counters.sum_after_grace_period();
@@ -985,7 +987,7 @@ impl PercpuRef {
         let mut d = Deferred::default();
         // mutant engine_temp_put_before_confirm: put the temporary (and
         // base) reference, releasing if due, before confirm.
-        let puts_first = cfg!(percpu_ref_mutant = "engine_temp_put_before_confirm");
+        let puts_first = mutated!("engine_temp_put_before_confirm");
         if puts_first {
             let s = AtomicSwitch {
                 temp_ref: true,
@@ -1020,12 +1022,14 @@ impl PercpuRef {
         // The engine's last access to the ref (module `grace`, invariant 4).
         // Release: pairs with `is_pending`'s acquire, so everything done to
         // the ref here happens before a waiter's next switch or free.
-        #[cfg(not(percpu_ref_mutant = "engine_pending_clear_relaxed"))]
-        r.mode.fetch_and(!MODE_PENDING, Ordering::Release);
         // mutant engine_pending_clear_relaxed: clear the pending bit without
         // release.
-        #[cfg(percpu_ref_mutant = "engine_pending_clear_relaxed")]
-        r.mode.fetch_and(!MODE_PENDING, Ordering::Relaxed);
+        let order = mutant!(
+            "engine_pending_clear_relaxed",
+            Ordering::Release,
+            Ordering::Relaxed
+        );
+        r.mode.fetch_and(!MODE_PENDING, order);
     }
 
     // ----- for the layers above: a release that runs on the engine -------
@@ -1193,7 +1197,7 @@ impl PercpuRef {
             });
         }
         // mutant percpu_switch_ignores_dead: a dead ref goes back to percpu mode.
-        if mode & MODE_DEAD == 0 || cfg!(percpu_ref_mutant = "percpu_switch_ignores_dead") {
+        if mode & MODE_DEAD == 0 || mutated!("percpu_switch_ignores_dead") {
             self.switch_to_percpu_locked("switch_to_percpu")?;
         }
         g.state.force_atomic = false;
@@ -1280,9 +1284,10 @@ impl PercpuRef {
         // it (a tryget on the atomic path, before the mode goes percpu)
         // sees what the reviver wrote before reviving.
         // mutant revive_no_base_ref: come back to life without a base reference.
-        #[cfg(not(percpu_ref_mutant = "revive_no_base_ref"))]
-        if let Err(AddOutcome::Overflow { count }) = self.count.add(1) {
-            overflow(op, 1, count);
+        if !mutated!("revive_no_base_ref") {
+            if let Err(AddOutcome::Overflow { count }) = self.count.add(1) {
+                overflow(op, 1, count);
+            }
         }
         // ordering-audit: Relaxed: the count's add above (Release) publishes the revival; a
         // tryget_live that then takes a reference acquires it in its CAS on the count.
@@ -1457,19 +1462,23 @@ impl PercpuRef {
         };
         let fold = self.count.fold_percpu_sum(sum);
         // mutant underflow_off_by_one: forget that the fold holds the temp ref.
-        #[cfg(percpu_ref_mutant = "underflow_off_by_one")]
-        let fold = match self.count.load() {
-            1 => Fold::Underflow(0),
-            _ => fold,
-        };
+        let fold = mutant!(
+            "underflow_off_by_one",
+            fold,
+            if self.count.load() == 1 {
+                Fold::Underflow(0)
+            } else {
+                fold
+            }
+        );
         let miscount = miscount_message(fold, op);
         // mutant confirm_after_put: drop the temporary reference before confirm.
-        #[cfg(percpu_ref_mutant = "confirm_after_put")]
-        if self.count.sub(1) == PutOutcome::ReachedZero {
+        let put_first = mutated!("confirm_after_put");
+        if put_first && self.count.sub(1) == PutOutcome::ReachedZero {
             (self.release)(self);
         }
         Ok(AtomicSwitch {
-            temp_ref: cfg!(not(percpu_ref_mutant = "confirm_after_put")),
+            temp_ref: !put_first,
             miscount,
             confirm_panic: self.run_confirm(confirm),
         })
@@ -1527,33 +1536,43 @@ impl PercpuRef {
         if mode & MODE_ATOMIC == 0 {
             return Ok(());
         }
-        #[cfg(not(percpu_ref_mutant = "bias_after_mode_store"))]
-        match self.count.add_bias_unless_zero() {
-            Ok(_) => {}
-            Err(0) => return Err(Error::Released { op }),
-            Err(count) => return Err(Error::Miscounted { op, count }),
+        // mutant bias_after_mode_store: add the bias once percpu counting has resumed.
+        let bias_first = !mutated!("bias_after_mode_store");
+        // mutant reset_after_mode_store: zero the counters after going percpu.
+        let reset_first = !mutated!("reset_after_mode_store");
+        if bias_first {
+            self.add_bias(op)?;
         }
-        #[cfg(not(percpu_ref_mutant = "reset_after_mode_store"))]
-        self.counters.reset();
+        if reset_first {
+            self.counters.reset();
+        }
         // Release: a percpu op that reads the cleared bit (on rseq, the
         // restored CPU bound) sees zeroed counters.
         let percpu = mode & !MODE_ATOMIC | self.counters.percpu_mode();
-        #[cfg(not(percpu_ref_mutant = "percpu_mode_store_relaxed"))]
-        self.mode.store(percpu, Ordering::Release);
         // mutant percpu_mode_store_relaxed: publish the mode without release.
-        #[cfg(percpu_ref_mutant = "percpu_mode_store_relaxed")]
-        self.mode.store(percpu, Ordering::Relaxed);
-        // mutant reset_after_mode_store: zero the counters after going percpu.
-        #[cfg(percpu_ref_mutant = "reset_after_mode_store")]
-        self.counters.reset();
-        // mutant bias_after_mode_store: add the bias once percpu counting has resumed.
-        #[cfg(percpu_ref_mutant = "bias_after_mode_store")]
-        match self.count.add_bias_unless_zero() {
-            Ok(_) => {}
-            Err(0) => return Err(Error::Released { op }),
-            Err(count) => return Err(Error::Miscounted { op, count }),
+        let order = mutant!(
+            "percpu_mode_store_relaxed",
+            Ordering::Release,
+            Ordering::Relaxed
+        );
+        self.mode.store(percpu, order);
+        if !reset_first {
+            self.counters.reset();
+        }
+        if !bias_first {
+            self.add_bias(op)?;
         }
         Ok(())
+    }
+
+    /// Adds `BIAS` to the atomic count for percpu mode, unless the count is
+    /// zero (released) or broken (miscounted).
+    fn add_bias(&self, op: &'static str) -> Result<(), Error> {
+        match self.count.add_bias_unless_zero() {
+            Ok(_) => Ok(()),
+            Err(0) => Err(Error::Released { op }),
+            Err(count) => Err(Error::Miscounted { op, count }),
+        }
     }
 }
 

@@ -97,11 +97,9 @@ impl Idr {
     pub(crate) fn publish(&self, id: u32, css: *mut Css) {
         // ordering-audit: Release (rcu_assign_pointer): publishes the css to
         // `css_from_id`, which may race mkdir (loom_css/mkdir_vs_css_from_id).
-        #[cfg(not(percpu_ref_mutant = "idr_publish_relaxed"))]
-        self.slots[id as usize].store(css, Ordering::Release);
         // mutant idr_publish_relaxed: publish the css without release.
-        #[cfg(percpu_ref_mutant = "idr_publish_relaxed")]
-        self.slots[id as usize].store(css, Ordering::Relaxed);
+        let order = mutant!("idr_publish_relaxed", Ordering::Release, Ordering::Relaxed);
+        self.slots[id as usize].store(css, order);
     }
 
     /// Hides the css under `id` from new lookups (`idr_replace(NULL)`); the

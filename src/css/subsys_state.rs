@@ -390,11 +390,12 @@ impl Css {
     #[must_use]
     pub fn is_dying(&self) -> bool {
         // mutant css_is_dying_flag: read the CSS_DYING flag instead.
-        #[cfg(percpu_ref_mutant = "css_is_dying_flag")]
-        // ordering-audit: mutant only (not built otherwise).
-        return self.flags.load(Ordering::Relaxed) & CSS_DYING != 0;
-        #[cfg(not(percpu_ref_mutant = "css_is_dying_flag"))]
-        self.refcnt.is_dying()
+        mutant!(
+            "css_is_dying_flag",
+            self.refcnt.is_dying(),
+            // ordering-audit: mutant only (never runs in a real build).
+            self.flags.load(Ordering::Relaxed) & CSS_DYING != 0
+        )
     }
 
     /// Whether the refcount is still counting per CPU (until the kill).
@@ -788,7 +789,7 @@ pub(crate) fn kill_css(p: CssPtr) {
     let css = unsafe { p.get() };
     css.set_flags(CSS_DYING);
     // mutant css_no_kill_ref: kill without the extra reference.
-    if !cfg!(percpu_ref_mutant = "css_no_kill_ref") {
+    if !mutated!("css_no_kill_ref") {
         css.get_raw(1);
     }
     // A release by a kill completed in the call (an atomic refcount,
@@ -835,7 +836,7 @@ fn css_killed_ref_fn(p: CssPtr) {
     // decrement that reached zero, against the RMWs' order).
     let last = css.online_cnt.fetch_sub(1, Ordering::Relaxed) == 1;
     // mutant css_no_online_cnt: offline at once, whatever the children.
-    if last || cfg!(percpu_ref_mutant = "css_no_online_cnt") {
+    if last || mutated!("css_no_online_cnt") {
         let hier = hier_of(css).clone();
         let queue = move || {
             let mut panics = CallbackPanics::default();
@@ -868,7 +869,7 @@ fn css_killed_work_fn(mut p: CssPtr, panics: &mut CallbackPanics) {
         // SAFETY: the kill's extra reference; a release it causes is only
         // queued (we hold cgroup_mutex), so `p` stays valid meanwhile.
         unsafe { css_put(p, 1) };
-        if cfg!(percpu_ref_mutant = "css_no_online_cnt") {
+        if mutated!("css_no_online_cnt") {
             return;
         }
         let Some(pp) = parent else { return };

@@ -127,7 +127,7 @@ impl<T> Inner<T> {
         let mut s = sync::lock(&self.state);
         s.released = true;
         // mutant owned_release_ignores_claim: drop `T` even when claimed.
-        if s.claimed && cfg!(not(percpu_ref_mutant = "owned_release_ignores_claim")) {
+        if s.claimed && !mutated!("owned_release_ignores_claim") {
             // Taken in the critical section that published `released`: a
             // poll either saw `released` or registered before this.
             let waker = s.waker.take();
@@ -143,7 +143,7 @@ impl<T> Inner<T> {
         }
         drop(s);
         // mutant owned_release_keeps_value: never drop an unclaimed `T`.
-        if cfg!(percpu_ref_mutant = "owned_release_keeps_value") {
+        if mutated!("owned_release_keeps_value") {
             return;
         }
         // SAFETY: the count is zero, so no `Ref` exists (invariant 1) and
@@ -285,7 +285,7 @@ pub(super) unsafe fn release<T>(ptr: *const ()) {
     let pref = unsafe { std::ptr::addr_of!((*ptr.cast::<Inner<T>>()).pref) };
     // mutant owned_engine_unit_unpaid: nobody pays the unit a release on
     // the engine owes (the block leaks).
-    let pay = cfg!(not(percpu_ref_mutant = "owned_engine_unit_unpaid"));
+    let pay = !mutated!("owned_engine_unit_unpaid");
     // SAFETY: as above; the engine's own borrow of the ref is shared too.
     let pref = unsafe { &*pref };
     if pay && pref.completing_on_engine() {

@@ -277,16 +277,13 @@ impl<T> Future for Killed<T> {
         // mutant owned_future_no_recheck: check, then register in a second
         // critical section without checking again; a release in between
         // finds no waker, and the task sleeps for good.
-        #[cfg(percpu_ref_mutant = "owned_future_no_recheck")]
-        {
+        if mutated!("owned_future_no_recheck") {
             if !sync::lock(&inner.state).released {
                 let old = sync::lock(&inner.state).waker.replace(cx.waker().clone());
                 drop(old);
                 return Poll::Pending;
             }
-        }
-        #[cfg(not(percpu_ref_mutant = "owned_future_no_recheck"))]
-        {
+        } else {
             let mut s = sync::lock(&inner.state);
             if !s.released {
                 // Registered in the critical section that saw `released`

@@ -414,8 +414,7 @@ impl<T> Owner<T> {
         }
         let inner = self.inner();
         // mutant owned_freeze_no_drain: hand out `&mut T` without draining.
-        let drained =
-            cfg!(percpu_ref_mutant = "owned_freeze_no_drain") || inner.wait_released(deadline);
+        let drained = mutated!("owned_freeze_no_drain") || inner.wait_released(deadline);
         if !drained {
             if self.undo_freeze() {
                 return Err(FreezeTimeout(()));
@@ -498,8 +497,7 @@ impl<T> Drop for Owner<T> {
     fn drop(&mut self) {
         // mutant owned_drop_deferred_always: drop-glue `T` is dropped by the
         // engine thread too (after `Owner` drop returned).
-        let defer =
-            !std::mem::needs_drop::<T>() || cfg!(percpu_ref_mutant = "owned_drop_deferred_always");
+        let defer = !std::mem::needs_drop::<T>() || mutated!("owned_drop_deferred_always");
         if defer && !self.frozen {
             self.let_go_deferred("owned::Owner::drop");
             return;

@@ -108,13 +108,11 @@ impl<T> Weak<T> {
     pub fn tryget_live(&self) -> Option<Ref<T>> {
         // mutant owned_tryget_live_as_tryget: a killed object still referenced
         // hands out new references.
-        #[cfg(percpu_ref_mutant = "owned_tryget_live_as_tryget")]
-        return self.tryget();
-        #[cfg(not(percpu_ref_mutant = "owned_tryget_live_as_tryget"))]
-        {
-            let (p, inner) = self.inner()?;
-            inner.pref.tryget_live().then(|| make_ref(p))
+        if mutated!("owned_tryget_live_as_tryget") {
+            return self.tryget();
         }
+        let (p, inner) = self.inner()?;
+        inner.pref.tryget_live().then(|| make_ref(p))
     }
 
     /// A reference unless the object was released (its last reference is

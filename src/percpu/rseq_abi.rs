@@ -264,7 +264,7 @@ pub(crate) fn grace_period() -> std::io::Result<()> {
     GRACE_PERIODS.fetch_add(1, Ordering::Relaxed);
     // mutant rseq_no_grace_period: no membarrier; a section in flight may
     // commit after the sum (scripts/vm-test's delay build catches it).
-    if cfg!(percpu_ref_mutant = "rseq_no_grace_period") {
+    if mutated!("rseq_no_grace_period") {
         return Ok(());
     }
     if membarrier(MEMBARRIER_CMD_PRIVATE_EXPEDITED_RSEQ) == 0 {

@@ -203,18 +203,11 @@ pub(crate) fn try_add_at(shard: &AtomicU64, delta: u64) -> bool {
     // put; acquire so an op that counts after a reset (a Release swap)
     // sees what preceded the switch back (a revival's writes).
     let old = shard.fetch_add(delta, Ordering::AcqRel);
-    #[cfg(not(any(
-        percpu_ref_mutant = "seal_check_inverted",
-        percpu_ref_mutant = "seal_check_ignored"
-    )))]
     let counted = !is_sealed(old);
     // mutant seal_check_inverted: count exactly the adds that did not.
-    #[cfg(percpu_ref_mutant = "seal_check_inverted")]
-    let counted = is_sealed(old);
+    let counted = mutant!("seal_check_inverted", counted, !counted);
     // mutant seal_check_ignored: a late add on a sealed shard "counts".
-    #[cfg(percpu_ref_mutant = "seal_check_ignored")]
-    let counted = old == old;
-    counted
+    mutant!("seal_check_ignored", counted, true)
 }
 
 /// This thread's shard index, below [`shard_count`]: threads take indices
