@@ -28,11 +28,12 @@
 //!   [*Performance*](#performance)):
 //!   - [`std::sync::Arc`]: clones are rare, or the users stay on one core,
 //!     or objects are many, small or short-lived. What a `PercpuRef` buys
-//!     is scaling: a get + put stays at 3.7 ns with two threads on one
-//!     object, where an `Arc` clone + drop goes from 16 ns (one thread) to
-//!     81 ns. It costs 8 bytes per possible CPU plus 64 per object (an
-//!     `Arc`: 16 bytes of counts) and a kill that waits for a grace period,
-//!     where an `Arc` simply frees at the last drop.
+//!     is scaling: a get + put costs each thread the same however many
+//!     threads share the object, where an `Arc` clone + drop becomes
+//!     several times slower once two cores share its count. It costs 8
+//!     bytes per possible CPU plus 64 per object (an `Arc`: 16 bytes of
+//!     counts) and a kill that waits for a grace period, where an `Arc`
+//!     simply frees at the last drop.
 //!   - [arc-swap](https://docs.rs/arc-swap): a pointer read often and
 //!     replaced now and then (configuration, a routing table). A reader's
 //!     `load` touches no shared count, and the old value goes when its last
@@ -194,17 +195,26 @@
 //!
 //! # Performance
 //!
-//! On a 2-vCPU Intel Xeon VM (Firecracker, Linux 6.18) with the rseq
-//! backend, medians of three runs of `cargo bench --bench peers`, one
-//! thread pinned per CPU on one shared object: a get+put pair costs
-//! 3.74 ns on one thread and 3.73 ns per thread on two, where an `Arc`
-//! clone + drop goes from 16.18 ns to 80.68 ns (`ArcSwap::load`: 12.94 ns
-//! on both; `crossbeam_epoch::pin`: 7.23 ns and 10.12 ns). A kill with the
-//! other CPU busy on the ref took 18.9–19.2 µs there (one `membarrier`,
-//! which in a VM costs a VM exit; `cargo bench --bench fast_path`). Each
-//! ref costs 8 bytes per possible CPU plus the `PercpuRef`, 64 bytes on
-//! 64-bit Linux (a compile-time assertion keeps that figure true). The tables, the
-//! kernel's 2013 copy-size table reproduced and the commands:
+//! What the cost depends on:
+//!
+//! - **get and put** on the rseq backend are a restartable sequence that
+//!   ends in one plain `add` to this CPU's counter: 20 instructions for a
+//!   get + put pair and no atomic instruction (CI counts them with
+//!   callgrind and fails above 20). Nothing is shared between CPUs, so the
+//!   cost per thread stays flat as threads on one object are added; an
+//!   `Arc`'s shared count slows every core that touches it. The sharded
+//!   backend (other targets) pays one atomic RMW on the thread's own shard.
+//! - **a kill** waits for one grace period: a `membarrier`, an interrupt to
+//!   each CPU that runs a thread of the process (microseconds; more in a
+//!   VM, where each is a VM exit). Switches that overlap share one; the
+//!   `_deferred` ones batch up to 4,096 per grace period.
+//! - **memory**: 8 bytes per possible CPU per ref, backed only where a CPU
+//!   has written, plus the `PercpuRef`, 64 bytes on 64-bit Linux (a
+//!   compile-time assertion keeps that figure true).
+//!
+//! Measured figures, beside `Arc`, arc-swap and crossbeam-epoch on the
+//! same machine, with the machine and the commands; the kernel's 2013
+//! copy-size table reproduced:
 //! [docs/performance.md](https://docs.rs/crate/percpu-ref/latest/source/docs/performance.md).
 //!
 //! # Reliability

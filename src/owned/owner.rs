@@ -226,8 +226,8 @@ impl<T> Owner<T> {
     /// `T` is dropped unless a `Ref` still holds it.
     ///
     /// A plain `drop(owner)` of a `T` with drop glue kills synchronously
-    /// instead (one grace period, a `membarrier` on the rseq backend, about
-    /// 10 us with other CPUs busy), because `Owner::new` does not require
+    /// instead (one grace period, a `membarrier` on the rseq backend:
+    /// microseconds with other CPUs busy), because `Owner::new` does not require
     /// `T: Send + 'static`.
     ///
     /// # Examples

@@ -1,7 +1,7 @@
 //! Loom model of the rseq backend (built only under `--cfg loom`).
 //!
 //! Loom cannot run a restartable sequence or a `membarrier`, so this module
-//! models what they guarantee (DESIGN.md §3c):
+//! models what they guarantee (docs/design.md §4):
 //!
 //! - a *CPU* is a *section lock*, shared by every ref (one per model CPU,
 //!   process-wide), and each ref has a plain counter per CPU (a
