@@ -18,9 +18,9 @@
 //!   with respect to a switch. `false` means nothing was counted and the
 //!   caller must take the atomic path.
 //! - `needs_grace_period()`: whether a switcher must wait for the
-//!   process-wide [`grace_period`] between its `MODE_ATOMIC` store and the
-//!   sum (rseq: the `membarrier`). The grace-period engine runs it, shared
-//!   by many switches; an error (the `membarrier` refused) means nothing
+//!   process-wide grace period (`grace_period`) between its `MODE_ATOMIC`
+//!   store and the sum (rseq: the `membarrier`). The grace-period engine
+//!   runs it, shared by many switches; an error (the `membarrier` refused) means nothing
 //!   was sealed: every counter still counts, and the switcher undoes the
 //!   switch. The sharded backend needs none: it seals each ref by itself.
 //! - `sum_after_grace_period() -> u64`: the wrapping sum of all counters,

@@ -2,6 +2,8 @@
 //! delegate to `T`.
 
 use super::block::{inner, put_ref, value_ptr, Inner};
+#[cfg(doc)]
+use super::Killed;
 use super::{Owner, Weak};
 use std::borrow::Borrow;
 use std::cmp::Ordering as CmpOrdering;

@@ -2,6 +2,8 @@
 //! and hands `T` back.
 
 use super::block::{drop_unit, inner, Inner, OnDrop};
+#[cfg(doc)]
+use super::{Owner, Ref};
 use crate::sync;
 use std::fmt;
 use std::future::Future;

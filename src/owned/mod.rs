@@ -35,7 +35,7 @@
 //! Plain `Arc<T>` is the better choice when clones are rare or the object
 //! is never killed: a `PercpuRef` costs per-CPU storage and a switch to
 //! atomic mode (a grace period, shared with every kill queued in the same
-//! millisecond; see *The grace-period engine*) to kill.
+//! millisecond; see [`Owner::kill`]) to kill.
 //!
 //! # Examples
 //!
@@ -149,7 +149,12 @@
 //! - Leaking a [`Frozen`] guard (`mem::forget`) leaves the object frozen
 //!   for good: [`Owner::get`] then panics, lookups fail, and `T` is dropped
 //!   with the owner.
+//!
+//! How it works (the shared block, its two counts, the engine's part, the
+//! invariants) is in the source: `src/owned/block.rs`.
 
+#[cfg(doc)]
+use crate::PercpuRef;
 use std::panic::{RefUnwindSafe, UnwindSafe};
 
 mod block;

@@ -282,7 +282,7 @@ impl<T> Owner<T> {
         let _settle = settle_guard();
         // SAFETY: the block never moves and is freed only when its last
         // unit goes (our unit is held across the call); its `PercpuRef`'s
-        // `Drop` then waits for the engine (module docs, *The grace-period
+        // `Drop` then waits for the engine (`block.rs`, *The grace-period
         // engine*).
         let killed = unsafe {
             PercpuRef::kill_deferred_raw(std::ptr::addr_of!((*self.inner.as_ptr()).pref), None, op)

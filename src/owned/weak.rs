@@ -1,6 +1,8 @@
 //! [`Weak`], the handle that keeps the block but not `T`.
 
 use super::block::{drop_unit, inner, value_ptr, Inner};
+#[cfg(doc)]
+use super::Owner;
 use super::Ref;
 use crate::sync::Ordering;
 use std::fmt;
