@@ -580,8 +580,8 @@ fn run_after_completion(work: Vec<After>) {
     for f in work {
         if std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).is_err() {
             eprintln!(
-                "percpu_ref: grace-period engine: work a deferred completion left for after \
-                 itself panicked"
+                "percpu_ref: grace-period engine: work a deferred confirm or release left for \
+                 after its completion panicked"
             );
         }
     }
