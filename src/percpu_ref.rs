@@ -1400,11 +1400,10 @@ impl PercpuRef {
     /// Waits until the engine completed this ref's deferred switch.
     fn wait_not_pending(&self, op: &str) {
         assert!(
-            !grace::on_engine(),
+            self.wait_deferred_switch(),
             "percpu_ref::{op} called from a deferred confirm or release on a ref whose own \
              deferred switch is still queued: the grace-period engine would wait for itself"
         );
-        grace::wait_until(|| self.is_pending());
     }
 
     /// Waits until no `try_add` can count any more and returns the sum: the

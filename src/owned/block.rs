@@ -183,15 +183,6 @@ impl<T> Inner<T> {
         sync::lock(&self.state).released
     }
 
-    /// Waits until the grace-period engine is done with a deferred kill of
-    /// this block's ref (at once if none is queued): from then on the last
-    /// put is made by a thread that drops a handle, never by the engine.
-    /// False, without waiting, on the engine thread while the kill is still
-    /// queued (it would wait for itself).
-    pub(super) fn wait_engine_done(&self) -> bool {
-        self.pref.wait_deferred_switch()
-    }
-
     /// [`wait_released`](Self::wait_released) for a [`Killed`]: the
     /// release may have to come from the grace-period engine.
     ///

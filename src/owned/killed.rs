@@ -318,7 +318,9 @@ impl<T> Drop for Killed<T> {
         let _unit = OnDrop(|| unsafe { drop_unit::<T>(ptr) });
         // SAFETY: the unit keeps the block alive.
         let inner = unsafe { inner(p) };
-        if std::mem::needs_drop::<T>() && !inner.wait_engine_done() {
+        // Once the engine is done with the kill, the last put is made by a
+        // thread that drops a handle, never by the engine.
+        if std::mem::needs_drop::<T>() && !inner.pref.wait_deferred_switch() {
             // On the engine, inside another ref's confirm or release, while
             // this kill waits in the engine's queue: waiting would deadlock,
             // and unclaiming would let the engine drop `T`, which may be
