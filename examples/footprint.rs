@@ -127,9 +127,27 @@ struct Args {
     #[arg(long)]
     counts_only: bool,
 
+    /// Refs of the index rows (RSS per ref under `cpu_id` and `mm_cid`
+    /// indexing with threads that hop over every CPU); 0 skips them
+    #[arg(
+        long,
+        value_name = "N",
+        default_value_t = 100_000,
+        value_parser = RangedU64ValueParser::<usize>::new().range(0..=10_000_000)
+    )]
+    index_refs: usize,
+
     /// Internal: measure BACKEND:REFS in this process, print one JSON line
     #[arg(long, hide = true, value_name = "BACKEND:REFS")]
     child: Option<String>,
+
+    /// Internal: measure an index row THREADS:REFS in this process
+    #[arg(long, hide = true, value_name = "THREADS:REFS")]
+    index_child: Option<String>,
+
+    /// Internal: time get + put over REFS refs in this process
+    #[arg(long, hide = true, value_name = "REFS")]
+    thp_child: Option<usize>,
 }
 
 /// Parsed options with the defaults that only the machine can give.
@@ -141,7 +159,10 @@ struct Options {
     threads: usize,
     json: bool,
     counts_only: bool,
+    index_refs: usize,
     child: Option<String>,
+    index_child: Option<String>,
+    thp_child: Option<usize>,
 }
 
 /// Parses a command line (program name first); help is an `Err` too.
@@ -162,7 +183,10 @@ where
             .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get())),
         json: a.json,
         counts_only: a.counts_only,
+        index_refs: a.index_refs,
         child: a.child,
+        index_child: a.index_child,
+        thp_child: a.thp_child,
     })
 }
 
@@ -186,8 +210,32 @@ fn main() -> ExitCode {
             }
         };
     }
+    if let Some(spec) = &opts.index_child {
+        return match index_spec(spec).and_then(|(t, n)| measure_index(t, n)) {
+            Ok(row) => {
+                println!("{}", row.to_json());
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("footprint --index-child {spec}: {e}");
+                ExitCode::FAILURE
+            }
+        };
+    }
+    if let Some(refs) = opts.thp_child {
+        let (seq, strided) = time_walks(refs.max(1));
+        println!("{}", json!({ "sequential_ns": seq, "strided_ns": strided }));
+        return ExitCode::SUCCESS;
+    }
     let start = Instant::now();
-    match run(&opts, &mut measure_in_child, &mut |l| eprintln!("{l}")) {
+    let report = run(&opts, &mut measure_in_child, &mut |l| eprintln!("{l}")).and_then(|mut r| {
+        r.index = index_rows(opts.index_refs, &mut |l| eprintln!("{l}"))?;
+        if !opts.counts_only && opts.index_refs > 0 {
+            r.thp = thp_rows(opts.reps, &mut |l| eprintln!("{l}"))?;
+        }
+        Ok(r)
+    });
+    match report {
         Ok(report) => {
             if opts.counts_only {
                 print!("{}", report.counts());
@@ -345,24 +393,37 @@ fn median_row(rows: &mut [MemRow]) -> MemRow {
 /// same process would reuse it and show too little growth; a new process
 /// starts every row from the same empty heap.
 fn measure_in_child(backend: Backend, refs: usize) -> Result<MemRow, String> {
+    let spec = format!("{}:{refs}", backend.name());
+    child_json(&["--child", &spec], None, Stdio::inherit(), &spec)
+        .and_then(|v| MemRow::from_json(&v))
+}
+
+/// Runs this program again with `args` (and `PERCPU_REF_INDEX` or
+/// `PERCPU_REF_ARENA_THP` as `env` says) and parses the one JSON document
+/// it prints; `what` names the child in errors.
+fn child_json(
+    args: &[&str],
+    env: Option<(&str, &str)>,
+    stderr: Stdio,
+    what: &str,
+) -> Result<Value, String> {
     let exe = std::env::current_exe().map_err(|e| format!("cannot find this program: {e}"))?;
-    let out = Command::new(&exe)
-        .arg("--child")
-        .arg(format!("{}:{refs}", backend.name()))
-        .stderr(Stdio::inherit())
+    let mut cmd = Command::new(&exe);
+    cmd.args(args).stderr(stderr);
+    if let Some((k, v)) = env {
+        cmd.env(k, v);
+    }
+    let out = cmd
         .output()
         .map_err(|e| format!("cannot run {}: {e}", exe.display()))?;
     if !out.status.success() {
         return Err(format!(
-            "the child measuring {refs} refs on {backend} failed ({})",
+            "the child measuring {what} failed ({})",
             out.status
         ));
     }
     let text = String::from_utf8_lossy(&out.stdout);
-    serde_json::from_str(text.trim())
-        .map_err(|e| e.to_string())
-        .and_then(|v| MemRow::from_json(&v))
-        .map_err(|e| format!("the child's output {text:?}: {e}"))
+    serde_json::from_str(text.trim()).map_err(|e| format!("the child's output {text:?}: {e}"))
 }
 
 impl MemRow {
@@ -692,6 +753,11 @@ struct Report {
     reps: usize,
     memory: Vec<MemRow>,
     throughput: Vec<TputRow>,
+    /// RSS per ref under each index of the rseq backend (`main` adds them).
+    index: Vec<IndexRow>,
+    /// get + put ns over many refs with and without huge pages under the
+    /// arena (`main` adds them, not in `--counts-only`).
+    thp: Vec<ThpRow>,
 }
 
 /// Measures memory (through `measure`, a child process per row in `main`)
@@ -771,6 +837,8 @@ fn run(
         reps: opts.reps,
         memory,
         throughput,
+        index: Vec::new(),
+        thp: Vec::new(),
     })
 }
 
@@ -805,6 +873,21 @@ impl Report {
                     " rss_per_ref_{}={}",
                     m.backend,
                     r.round().max(0.0) as u64
+                );
+            }
+        }
+        s.push_str(&index_table(&self.index));
+        for r in &self.index {
+            if let Some(g) = r.growth {
+                let _ = write!(
+                    kv,
+                    " rss_{}_{}t={} ids_{}_{}t={}",
+                    r.index,
+                    r.threads,
+                    g.round().max(0.0) as u64,
+                    r.index,
+                    r.threads,
+                    r.ids
                 );
             }
         }
@@ -939,6 +1022,8 @@ impl Report {
             self.reps,
             self.duration.as_millis()
         );
+        s.push_str(&index_table(&self.index));
+        s.push_str(&thp_table(&self.thp));
         s
     }
 
@@ -962,8 +1047,16 @@ impl Report {
                 v
             })
             .collect();
-        let stats =
-            |s: Option<Stats>| s.map(|s| json!({"median": s.median, "min": s.min, "max": s.max}));
+        let stats = |s: Option<Stats>| {
+            s.map(|s| {
+                json!({
+            "index": self.index.iter().map(IndexRow::to_json).collect::<Vec<_>>(),
+            "thp": self.thp.iter().map(|t| json!({
+                "advice": t.advice, "refs": t.refs,
+                "sequential_ns": t.sequential, "strided_ns": t.strided,
+            })).collect::<Vec<_>>(),"median": s.median, "min": s.min, "max": s.max})
+            })
+        };
         let throughput: Vec<Value> = self
             .throughput
             .iter()
@@ -1226,4 +1319,310 @@ mod tests {
         assert_eq!(j["throughput"][backends.len()]["subject"], "Arc<u64>");
         assert!(lines.iter().any(|l| l.contains("throughput")));
     }
+}
+
+// ----- index rows ------------------------------------------------------------
+
+/// Refs a hopping thread counts on between two moves to another CPU, and
+/// the passes it makes over all the refs (as the issue's measurement).
+const HOP: usize = 1024;
+const PASSES: usize = 16;
+
+/// RSS growth per ref while `threads` threads that hop over every allowed
+/// CPU do a get + put on each ref, under one index of the rseq backend.
+#[derive(Clone, Debug, PartialEq)]
+struct IndexRow {
+    /// The index the child used (`percpu::index()`), as named by
+    /// `PERCPU_REF_INDEX`.
+    index: String,
+    threads: usize,
+    refs: usize,
+    /// RSS growth per ref over the passes; `None` without `statm`.
+    growth: Option<f64>,
+    /// Distinct ids (`percpu::current_index()`) and CPUs the threads saw.
+    ids: usize,
+    cpus: usize,
+    /// The system's transparent-huge-page policy (`[always]`, ...).
+    thp: String,
+}
+
+impl IndexRow {
+    fn to_json(&self) -> Value {
+        json!({
+            "index": self.index, "threads": self.threads, "refs": self.refs,
+            "rss_growth_per_ref": self.growth, "ids": self.ids, "cpus": self.cpus,
+            "thp": self.thp,
+        })
+    }
+
+    fn from_json(v: &Value) -> Result<Self, String> {
+        let n = |k: &str| {
+            v[k].as_u64()
+                .map(|x| x as usize)
+                .ok_or_else(|| format!("no {k}"))
+        };
+        Ok(IndexRow {
+            index: v["index"].as_str().ok_or("no index")?.to_string(),
+            threads: n("threads")?,
+            refs: n("refs")?,
+            growth: v["rss_growth_per_ref"].as_f64(),
+            ids: n("ids")?,
+            cpus: n("cpus")?,
+            thp: v["thp"].as_str().unwrap_or("?").to_string(),
+        })
+    }
+}
+
+/// `<threads>:<refs>`, as the parent passes it to the child.
+fn index_spec(spec: &str) -> Result<(usize, usize), String> {
+    let (t, n) = spec.split_once(':').ok_or("expected THREADS:REFS")?;
+    let t: usize = t.parse().map_err(|e| format!("threads {t:?}: {e}"))?;
+    let n: usize = n.parse().map_err(|e| format!("refs {n:?}: {e}"))?;
+    if t == 0 || n == 0 {
+        return Err("threads and refs must be at least 1".into());
+    }
+    Ok((t, n))
+}
+
+/// The transparent-huge-page policy, as the kernel shows it.
+fn thp_policy() -> String {
+    std::fs::read_to_string("/sys/kernel/mm/transparent_hugepage/enabled")
+        .ok()
+        .and_then(|s| {
+            let (_, rest) = s.split_once('[')?;
+            Some(rest.split_once(']')?.0.to_string())
+        })
+        .unwrap_or_else(|| "n/a".into())
+}
+
+/// One index row, in this process (a fresh child per row: the arena's
+/// pages, once resident, stay so).
+fn measure_index(threads: usize, refs: usize) -> Result<IndexRow, String> {
+    let index = percpu_ref::percpu::index().ok_or("the rseq backend is not available here")?;
+    let cpus = affinity::allowed_cpus();
+    let v = (0..refs)
+        .map(|_| PercpuRef::with_backend(|_| {}, InitFlags::empty(), Backend::Rseq))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| e.to_string())?;
+    let barrier = Barrier::new(threads + 1);
+    let blocks = refs.div_ceil(HOP);
+    let (base, after, seen) = std::thread::scope(|s| {
+        let workers: Vec<_> = (0..threads)
+            .map(|t| {
+                let (v, cpus, barrier) = (&v, &cpus, &barrier);
+                s.spawn(move || {
+                    // Allocated before the first reading, like the stack.
+                    let mut seen = Vec::with_capacity(PASSES * blocks);
+                    barrier.wait();
+                    barrier.wait();
+                    for pass in 0..PASSES {
+                        for (k, block) in v.chunks(HOP).enumerate() {
+                            let _ = affinity::pin_to(cpus[(k + pass + t * 7) % cpus.len()]);
+                            for r in block {
+                                r.get();
+                                r.put();
+                            }
+                            // SAFETY: sched_getcpu has no preconditions.
+                            let cpu = unsafe { libc::sched_getcpu() };
+                            seen.push((percpu_ref::percpu::current_index(), cpu));
+                        }
+                    }
+                    seen
+                })
+            })
+            .collect();
+        barrier.wait();
+        let base = rss_bytes();
+        barrier.wait();
+        let seen: Vec<_> = workers
+            .into_iter()
+            .flat_map(|w| w.join().expect("an index worker panicked"))
+            .collect();
+        (base, rss_bytes(), seen)
+    });
+    let ids: std::collections::BTreeSet<_> = seen.iter().map(|s| s.0).collect();
+    let visited: std::collections::BTreeSet<_> = seen.iter().map(|s| s.1).collect();
+    drop(v);
+    Ok(IndexRow {
+        index: index.name().into(),
+        threads,
+        refs,
+        growth: match (base, after) {
+            (Some(b), Some(a)) => Some((a as f64 - b as f64) / refs as f64),
+            _ => None,
+        },
+        ids: ids.len(),
+        cpus: visited.len(),
+        thp: thp_policy(),
+    })
+}
+
+/// The index rows: `cpu_id` and, where the kernel provides it, `mm_cid`,
+/// each at 1, 4, half and all allowed CPUs' threads, each in a child.
+fn index_rows(refs: usize, progress: &mut dyn FnMut(String)) -> Result<Vec<IndexRow>, String> {
+    if refs == 0 || percpu_ref::percpu::index().is_none() {
+        return Ok(Vec::new());
+    }
+    let n = affinity::allowed_cpus().len();
+    let mut counts = vec![1, 4.min(n), (n / 2).max(1), n];
+    counts.sort_unstable();
+    counts.dedup();
+    let mut rows = Vec::new();
+    for index in ["cpu_id", "mm_cid"] {
+        for &t in &counts {
+            progress(format!(
+                "footprint: index {index}, {t} threads over {n} CPUs, {refs} refs"
+            ));
+            let spec = format!("{t}:{refs}");
+            let row = child_json(
+                &["--index-child", &spec],
+                Some(("PERCPU_REF_INDEX", index)),
+                Stdio::null(),
+                &format!("index {index} at {t} threads"),
+            )
+            .and_then(|v| IndexRow::from_json(&v))?;
+            if row.index != index {
+                // This kernel has no `mm_cid`: the child fell back.
+                progress(format!(
+                    "footprint: no {index} here (the child used {})",
+                    row.index
+                ));
+                break;
+            }
+            rows.push(row);
+        }
+    }
+    Ok(rows)
+}
+
+/// The index rows as a markdown table, beside 8 B per thread and per CPU.
+fn index_table(rows: &[IndexRow]) -> String {
+    let Some(first) = rows.first() else {
+        return String::new();
+    };
+    let mut s = format!(
+        "\nRSS growth per ref by index (rseq backend): threads that hop over every \
+         allowed CPU (a move every {HOP} refs, {PASSES} passes) doing get + put on each of \
+         {} refs; THP `{}`.\n\n\
+         | index | threads | CPUs visited | ids seen | RSS growth per ref | 8 B × threads |\n\
+         |---|--:|--:|--:|--:|--:|\n",
+        first.refs, first.thp
+    );
+    for r in rows {
+        let g = r.growth.map_or("n/a".into(), |g| format!("{g:.1} B"));
+        let _ = writeln!(
+            s,
+            "| {} | {} | {} | {} | {g} | {} B |",
+            r.index,
+            r.threads,
+            r.cpus,
+            r.ids,
+            8 * r.threads
+        );
+    }
+    s
+}
+
+// ----- huge pages under the arena --------------------------------------------
+
+/// Refs of the huge-page rows: 64 MiB of counters on a 2-CPU machine, far
+/// more than any TLB covers in 4 KiB pages.
+const THP_REFS: usize = 1 << 20;
+/// Refs between two consecutive accesses of the strided walk: 8 KiB of
+/// one region apart, a new page (and TLB entry) every access.
+const STRIDE: usize = 1021;
+
+/// The median ns per get + put of each walk under one arena advice.
+#[derive(Clone, Debug, PartialEq)]
+struct ThpRow {
+    /// `PERCPU_REF_ARENA_THP`: `never` (the default, `MADV_NOHUGEPAGE`) or
+    /// `always` (`MADV_HUGEPAGE`).
+    advice: &'static str,
+    refs: usize,
+    sequential: Option<f64>,
+    strided: Option<f64>,
+}
+
+/// ns per get + put over `refs` refs on this thread: walking them in order,
+/// and with a stride of [`STRIDE`] refs. Each walk runs once untimed (it
+/// makes the pages resident), then timed.
+fn time_walks(refs: usize) -> (f64, f64) {
+    let v: Vec<PercpuRef> = (0..refs)
+        .map(|_| PercpuRef::with_backend(|_| {}, InitFlags::empty(), percpu_ref::backend()))
+        .collect::<Result<_, _>>()
+        .unwrap_or_else(|e| panic!("footprint --thp-child {refs}: {e}"));
+    let walk = |strided: bool| {
+        let t = Instant::now();
+        let mut k = 0;
+        for _ in 0..refs {
+            let r = &v[k];
+            r.get();
+            r.put();
+            k = if strided {
+                (k + STRIDE) % refs
+            } else {
+                (k + 1) % refs
+            };
+        }
+        t.elapsed().as_secs_f64() * 1e9 / refs as f64
+    };
+    walk(false);
+    walk(true);
+    (walk(false), walk(true))
+}
+
+/// The huge-page rows: each advice in its own child, `reps` times,
+/// alternating, medians.
+fn thp_rows(reps: usize, progress: &mut dyn FnMut(String)) -> Result<Vec<ThpRow>, String> {
+    let advices = ["never", "always"];
+    progress(format!(
+        "footprint: get + put over {THP_REFS} refs, arena advice {advices:?}, {reps} runs each"
+    ));
+    let mut runs = vec![(Vec::new(), Vec::new()); advices.len()];
+    for _ in 0..reps.max(1) {
+        for (a, advice) in advices.iter().enumerate() {
+            let v = child_json(
+                &["--thp-child", &THP_REFS.to_string()],
+                Some(("PERCPU_REF_ARENA_THP", advice)),
+                Stdio::inherit(),
+                &format!("get + put under huge-page advice {advice}"),
+            )?;
+            runs[a].0.extend(v["sequential_ns"].as_f64());
+            runs[a].1.extend(v["strided_ns"].as_f64());
+        }
+    }
+    Ok(advices
+        .iter()
+        .zip(runs)
+        .map(|(&advice, (seq, strided))| ThpRow {
+            advice,
+            refs: THP_REFS,
+            sequential: median(&seq),
+            strided: median(&strided),
+        })
+        .collect())
+}
+
+fn thp_table(rows: &[ThpRow]) -> String {
+    if rows.is_empty() {
+        return String::new();
+    }
+    let mut s = format!(
+        "\nget + put over {THP_REFS} refs on one thread (ns, median), by the advice on the \
+         arena's chunks (`PERCPU_REF_ARENA_THP`; system policy `{}`): in order, and {STRIDE} \
+         refs apart (a new page every access). A TLB question: the answer depends on the CPU.\n\n\
+         | advice | in order | strided |\n|---|--:|--:|\n",
+        thp_policy()
+    );
+    for r in rows {
+        let f = |x: Option<f64>| x.map_or("n/a".into(), |x| format!("{x:.2}"));
+        let _ = writeln!(
+            s,
+            "| {} | {} | {} |",
+            r.advice,
+            f(r.sequential),
+            f(r.strided)
+        );
+    }
+    s
 }

@@ -2,7 +2,10 @@
 //! for counting instructions per pair with callgrind
 //! (`scripts/callgrind-pair`) or timing one thread quickly.
 //!
-//! Usage: `pair_loop <rseq|sharded|atomic|arc> <pairs>`
+//! Usage: `pair_loop <rseq|sharded|atomic|arc|rseq-churn|sharded-churn|arc-churn> <n>`
+//!
+//! The `-churn` variants make a new ref (or `Arc`) per iteration, do one
+//! get + put (clone + drop) on it and drop it.
 //!
 //! Valgrind disables rseq (glibc's registration fails, `__rseq_size` = 0),
 //! so built with `RUSTFLAGS="--cfg percpu_ref_callgrind"` this program
@@ -41,17 +44,41 @@ fn arc_pairs(a: &Arc<u64>, n: u64) {
     }
 }
 
+/// `n` times: a new ref, get + put, drop (what a short-lived object costs).
+#[inline(never)]
+fn percpu_churn(backend: Backend, n: u64) {
+    for _ in 0..n {
+        let r = PercpuRef::with_backend(|_| {}, InitFlags::empty(), backend)
+            .unwrap_or_else(|e| panic!("pair_loop churn: {e}"));
+        black_box(&r).get();
+        black_box(&r).put();
+        drop(black_box(r));
+    }
+}
+
+/// `n` times: `Arc::new`, clone, drop both.
+#[inline(never)]
+fn arc_churn(n: u64) {
+    for _ in 0..n {
+        let a = Arc::new(0u64);
+        drop(black_box(Arc::clone(black_box(&a))));
+        drop(black_box(a));
+    }
+}
+
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     let (what, n) = match (args.get(1), args.get(2).map(|n| n.parse::<u64>())) {
         (Some(w), Some(Ok(n))) => (w.as_str(), n),
         _ => {
-            eprintln!("usage: pair_loop <rseq|sharded|atomic|arc> <pairs>");
+            eprintln!(
+                "usage: pair_loop <rseq|sharded|atomic|arc|rseq-churn|sharded-churn|arc-churn> <n>"
+            );
             std::process::exit(2);
         }
     };
     #[cfg(all(percpu_ref_callgrind, percpu_ref_rseq))]
-    if what == "rseq" {
+    if what.starts_with("rseq") {
         // SAFETY: called first, and this program uses refs on this thread
         // only and never switches them.
         unsafe { percpu_ref::percpu::force_fake_area_for_instruction_counting() };
@@ -70,6 +97,9 @@ fn main() {
         }
         "atomic" => atomic_pairs(black_box(&AtomicUsize::new(1)), black_box(n)),
         "arc" => arc_pairs(black_box(&Arc::new(0)), black_box(n)),
+        "rseq-churn" => percpu_churn(Backend::Rseq, black_box(n)),
+        "sharded-churn" => percpu_churn(Backend::Sharded, black_box(n)),
+        "arc-churn" => arc_churn(black_box(n)),
         other => panic!("pair_loop: unknown variant {other:?}"),
     }
     let dt = t0.elapsed();

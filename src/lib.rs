@@ -198,9 +198,12 @@
 //! What the cost depends on:
 //!
 //! - **get and put** on the rseq backend are a restartable sequence that
-//!   ends in one plain `add` to this CPU's counter: 20 instructions for a
+//!   ends in one plain `add` to this CPU's counter: 22 instructions for a
 //!   get + put pair and no atomic instruction (CI counts them with
-//!   callgrind and fails above 20). Nothing is shared between CPUs, so the
+//!   callgrind and fails above 22). The counter is picked by the thread's
+//!   `mm_cid` (Linux 6.3+) or its CPU ([`percpu::index`]), so a ref's
+//!   memory grows with the threads that use it at once, not with every CPU
+//!   they ran on. Nothing is shared between CPUs, so the
 //!   cost per thread stays flat as threads on one object are added; an
 //!   `Arc`'s shared count slows every core that touches it. The sharded
 //!   backend (other targets) pays one atomic RMW on the thread's own shard.

@@ -62,6 +62,8 @@ mod rseq;
 #[cfg(percpu_ref_rseq)]
 mod rseq_abi;
 mod sharded;
+#[cfg(not(loom))]
+mod thread_id;
 
 use crate::sync::AtomicUsize;
 use std::fmt;
@@ -180,6 +182,105 @@ pub fn grace_periods() -> u64 {
     #[cfg(not(percpu_ref_rseq))]
     {
         0
+    }
+}
+
+/// Which id of the calling thread picks its counter in the rseq backend's
+/// per-CPU arena (see [`index`]).
+///
+/// # Examples
+///
+/// ```
+/// use percpu_ref::percpu::Index;
+/// assert_eq!(Index::MmCid.name(), "mm_cid");
+/// assert_eq!(Index::CpuId.to_string(), "cpu_id");
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Index {
+    /// The CPU the thread runs on (`rseq->cpu_id`), as the kernel's
+    /// `percpu_ref`: a ref's memory grows with every CPU that any thread
+    /// using it ever ran on, up to 8 bytes per possible CPU.
+    CpuId,
+    /// The thread's concurrency id (`rseq->mm_cid`, Linux 6.3 and later):
+    /// unique among the process's threads running at one moment and below
+    /// their number, so a ref's memory grows with the threads that use it
+    /// at once, not with the CPUs they pass through.
+    MmCid,
+}
+
+impl Index {
+    /// The name `PERCPU_REF_INDEX` takes.
+    #[must_use]
+    pub fn name(self) -> &'static str {
+        match self {
+            Index::CpuId => "cpu_id",
+            Index::MmCid => "mm_cid",
+        }
+    }
+}
+
+impl fmt::Display for Index {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// The id that indexes the rseq backend's counters in this process, or
+/// `None` where that backend is not available.
+///
+/// Decided once, with the backend's availability: [`Index::MmCid`] where
+/// the kernel writes `mm_cid` into the rseq area (its
+/// `AT_RSEQ_FEATURE_SIZE` is at least 28: Linux 6.3 and later), else
+/// [`Index::CpuId`]. The environment variable `PERCPU_REF_INDEX=cpu_id`
+/// forces `cpu_id` (for comparisons); `mm_cid` where the kernel lacks it,
+/// or any other non-empty value, prints one warning line on stderr and is
+/// not honoured.
+///
+/// Both are exact (a counter is written only by the one running thread
+/// that holds its id, and a grace period aborts every section in flight)
+/// and run the same instructions: only the offset the section reads the
+/// id from differs.
+///
+/// # Examples
+///
+/// ```
+/// use percpu_ref::{percpu::index, Backend};
+/// assert_eq!(index().is_some(), Backend::Rseq.is_available());
+/// ```
+#[must_use]
+pub fn index() -> Option<Index> {
+    #[cfg(percpu_ref_rseq)]
+    if rseq_abi::available() {
+        return Some(if rseq_abi::by_mm_cid() {
+            Index::MmCid
+        } else {
+            Index::CpuId
+        });
+    }
+    None
+}
+
+/// The calling thread's id under [`index`] at this moment (its `mm_cid` or
+/// its CPU), or `None` where the rseq backend is not available. A
+/// diagnostic (the `footprint` example counts the distinct ids its
+/// threads had): the kernel may change it as soon as it is read.
+///
+/// # Examples
+///
+/// ```
+/// use percpu_ref::percpu::{current_index, index};
+/// assert_eq!(current_index().is_some(), index().is_some());
+/// ```
+#[must_use]
+pub fn current_index() -> Option<u32> {
+    #[cfg(percpu_ref_rseq)]
+    {
+        rseq_abi::current_index()
+    }
+    #[cfg(not(percpu_ref_rseq))]
+    {
+        None
     }
 }
 
@@ -317,7 +418,9 @@ impl fmt::Display for Backend {
 /// unavailable falls back to `sharded`, and any other non-empty value is
 /// ignored (the default is used); either prints one warning line on stderr,
 /// once per process, naming the variable, its value and the valid values.
-/// An empty value is the same as none.
+/// An empty value is the same as none. Beside it, `PERCPU_REF_INDEX=cpu_id`
+/// makes the rseq backend index its counters by CPU rather than by
+/// `mm_cid` ([`index`]).
 #[must_use]
 pub fn backend() -> Backend {
     #[cfg(loom)]

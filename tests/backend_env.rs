@@ -1,5 +1,6 @@
-//! `PERCPU_REF_BACKEND`: a value that is not honoured says so, once, on
-//! stderr (a typo such as `rsqe` is not silently ignored).
+//! `PERCPU_REF_BACKEND` and `PERCPU_REF_INDEX`: a value that is not
+//! honoured says so, once, on stderr (a typo such as `rsqe` is not
+//! silently ignored).
 //!
 //! The backend is chosen once per process, so each case re-runs this test
 //! binary as a subprocess with the variable set (as `tests/rseq_stress.rs`
@@ -34,6 +35,10 @@ fn child_reports_backend() {
     });
     assert!(seen.iter().all(|&b| b == seen[0]), "one backend: {seen:?}");
     println!("chosen backend: {}", backend());
+    println!(
+        "chosen index: {}",
+        percpu_ref::percpu::index().map_or("none", |i| i.name())
+    );
 }
 
 struct Child {
@@ -168,4 +173,78 @@ fn rseq_asked_for_but_unavailable_warns_once() {
         "{w:?}"
     );
     eprintln!("PERCPU_REF_BACKEND=rseq, rseq unavailable: {w}");
+}
+
+/// The index of the rseq backend (`PERCPU_REF_INDEX`), in a child with the
+/// variable set: its index, and its stderr lines that name the variable.
+#[cfg(target_os = "linux")]
+fn run_index_child(value: &str) -> (String, Vec<String>) {
+    let out = Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "child_reports_backend",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env(CHILD, "1")
+        .env_remove("PERCPU_REF_BACKEND")
+        .env("PERCPU_REF_INDEX", value)
+        .output()
+        .unwrap();
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    assert!(
+        out.status.success(),
+        "child with PERCPU_REF_INDEX={value:?} failed:\n{stdout}{stderr}"
+    );
+    let index = stdout
+        .split("chosen index: ")
+        .nth(1)
+        .and_then(|rest| rest.split_whitespace().next())
+        .expect("the child prints its index")
+        .to_string();
+    let warnings = stderr
+        .lines()
+        .filter(|l| l.contains("PERCPU_REF_INDEX"))
+        .map(str::to_string)
+        .collect();
+    (index, warnings)
+}
+
+/// `cpu_id` is honoured silently; a typo warns once, naming the variable,
+/// the value and the valid values, and keeps the default; `mm_cid` where
+/// the kernel lacks it warns once and uses `cpu_id`.
+#[cfg(target_os = "linux")]
+#[test]
+fn index_values_are_honoured_or_warned_about() {
+    if std::env::var_os(CHILD).is_some() || !Backend::Rseq.is_available() {
+        return;
+    }
+    let default = run_index_child("").0;
+    assert!(
+        default == "mm_cid" || default == "cpu_id",
+        "default index {default}"
+    );
+    assert_eq!(run_index_child("cpu_id"), ("cpu_id".to_string(), vec![]));
+    let (index, warnings) = run_index_child("mmcid");
+    assert_eq!(index, default, "a typo keeps the default");
+    assert_eq!(warnings.len(), 1, "one warning: {warnings:?}");
+    assert!(
+        warnings[0].contains("\"mmcid\"") && warnings[0].contains("`cpu_id` and `mm_cid`"),
+        "the warning names the value and the valid ones: {}",
+        warnings[0]
+    );
+    let (index, warnings) = run_index_child("mm_cid");
+    if default == "mm_cid" {
+        assert_eq!((index.as_str(), warnings.len()), ("mm_cid", 0));
+    } else {
+        assert_eq!(index, "cpu_id");
+        assert!(warnings.len() == 1 && warnings[0].contains("does not provide mm_cid"));
+    }
+    eprintln!(
+        "PERCPU_REF_INDEX: default {default}; a typo warns: {}",
+        run_index_child("x").1[0]
+    );
 }

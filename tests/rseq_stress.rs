@@ -9,10 +9,12 @@
 //! (the sections arm the crate's stand-in area), pinned to CPU 1 (as
 //! `taskset -c 1`: one CPU whose id is not 0), and in a forked child.
 //!
-//! And one subprocess plays a container that under-reports the possible
-//! CPUs: pinned to CPU 1 with the possible-CPU count capped at 1, so the
-//! arena has no region for CPU 1 and every operation must take the atomic
-//! path (without the bound it would add past the end of the arena).
+//! And subprocesses play a container that under-reports the possible
+//! CPUs: the possible-CPU count capped at 1, so the arena has one region,
+//! pinned to CPU 1 (under `cpu_id` indexing every operation must take the
+//! atomic path; without the bound it would add past the end of the arena)
+//! or on every CPU (under `mm_cid` indexing the thread that holds id 1
+//! while another runs must take it).
 //!
 //! Sizes: 16 workers; 10^7 get+put operations each in release builds,
 //! 2 * 10^5 in debug builds (run `cargo test --release --test rseq_stress`
@@ -429,7 +431,13 @@ fn capped_arena_on_cpu_1_counts_exactly() {
         return; // only meaningful in the child that `arena_capped_at_1_cpu_on_cpu_1` runs
     }
     assert_eq!(possible_cpus(), 1, "the cap did not apply");
-    assert_eq!(allowed_cpus(), [1], "the child runs under taskset -c 1");
+    // "cpu1": under taskset -c 1 (`cpu_id` 1 has no region); "all": on
+    // every CPU, where two threads running at once have `mm_cid`s 0 and
+    // 1 (and 1 has no region).
+    let on_cpu_1 = std::env::var("PERCPU_REF_STRESS_CAPPED").as_deref() == Ok("cpu1");
+    if on_cpu_1 {
+        assert_eq!(allowed_cpus(), [1], "the child runs under taskset -c 1");
+    }
     assert_eq!(backend(), Backend::Rseq);
     let released = Arc::new(AtomicUsize::new(0));
     let refs: Arc<Vec<PercpuRef>> = Arc::new(
@@ -452,74 +460,235 @@ fn capped_arena_on_cpu_1_counts_exactly() {
     // Every thread leaves `i % 7 + 1` references on ref `i` per round, with
     // balanced get/put pairs in between.
     let stop = Arc::new(AtomicBool::new(false));
-    let workers: Vec<_> = (0..CAPPED_THREADS)
-        .map(|_| {
-            let refs = refs.clone();
+    // On every CPU: four phases, each with the workers on one CPU and a
+    // spinner holding an id on the other, alternating. Two threads run at
+    // once, so the workers' `mm_cid` is 0 or 1 and, in some phase, not
+    // their CPU's number (the kernel caches an id per CPU): in one
+    // arrangement the running worker holds id 1 (no region) on CPU 0, in
+    // another id 0 on CPU 1 (no region under `cpu_id`).
+    let phases = if on_cpu_1 { 1 } else { 4 };
+    let mut switches = 0;
+    let mut ids = std::collections::BTreeSet::new();
+    for phase in 0..phases {
+        let (work_cpu, spin_cpu) = if phase % 2 == 0 { (0, 1) } else { (1, 0) };
+        let spinner = (!on_cpu_1).then(|| {
+            let stop = stop.clone();
             std::thread::spawn(move || {
-                assert_eq!(current_cpu(), 1);
-                for _ in 0..CAPPED_ROUNDS {
-                    for (i, r) in refs.iter().enumerate() {
-                        r.get_many(i % 7 + 1);
-                        r.get();
-                        r.put();
-                    }
+                assert!(pin(0, spin_cpu), "cannot pin to CPU {spin_cpu}");
+                while !stop.load(SeqCst) {
+                    std::hint::spin_loop();
                 }
             })
-        })
-        .collect();
-    // Switches on a few refs while the workers count.
-    let switcher = {
-        let (refs, stop) = (refs.clone(), stop.clone());
-        std::thread::spawn(move || {
-            let mut n = 0usize;
-            while !stop.load(SeqCst) {
-                let r = &refs[n * 97 % CAPPED_REFS];
-                r.switch_to_atomic();
-                r.switch_to_percpu().unwrap();
-                n += 1;
-            }
-            n
-        })
-    };
-    for w in workers {
-        w.join().unwrap();
+        });
+        let workers: Vec<_> = (0..CAPPED_THREADS)
+            .map(|_| {
+                let refs = refs.clone();
+                std::thread::spawn(move || {
+                    if on_cpu_1 {
+                        assert_eq!(current_cpu(), 1);
+                    } else {
+                        assert!(pin(0, work_cpu), "cannot pin to CPU {work_cpu}");
+                    }
+                    let mut ids = std::collections::BTreeSet::new();
+                    for _ in 0..CAPPED_ROUNDS {
+                        for (i, r) in refs.iter().enumerate() {
+                            r.get_many(i % 7 + 1);
+                            r.get();
+                            r.put();
+                        }
+                        ids.insert((current_cpu(), percpu_ref::percpu::current_index()));
+                    }
+                    ids
+                })
+            })
+            .collect();
+        // Switches on a few refs while the workers count.
+        let switcher = {
+            let (refs, stop) = (refs.clone(), stop.clone());
+            std::thread::spawn(move || {
+                let mut n = 0usize;
+                while !stop.load(SeqCst) {
+                    let r = &refs[n * 97 % CAPPED_REFS];
+                    r.switch_to_atomic();
+                    r.switch_to_percpu().unwrap();
+                    n += 1;
+                }
+                n
+            })
+        };
+        for w in workers {
+            ids.extend(w.join().unwrap());
+        }
+        stop.store(true, SeqCst);
+        switches += switcher.join().unwrap();
+        if let Some(s) = spinner {
+            s.join().unwrap();
+        }
+        stop.store(false, SeqCst);
     }
-    stop.store(true, SeqCst);
-    let switches = switcher.join().unwrap();
+    eprintln!("capped arena: (CPU, id) pairs the workers saw: {ids:?}");
     for (i, r) in refs.iter().enumerate() {
         r.kill().unwrap();
-        let left = (CAPPED_THREADS * CAPPED_ROUNDS * (i % 7 + 1)) as u64;
+        let left = (phases * CAPPED_THREADS * CAPPED_ROUNDS * (i % 7 + 1)) as u64;
         assert_eq!(r.atomic_count(), Some(left), "ref {i}: inexact count");
         r.put_many(left as usize);
     }
     assert_eq!(released.load(SeqCst), CAPPED_REFS, "each ref released once");
     eprintln!(
-        "capped arena: {CAPPED_REFS} refs in {} chunks of one region, {switches} switches, exact",
+        "capped arena ({}, index {:?}): {CAPPED_REFS} refs in {} chunks of one region, \
+         {switches} switches, exact",
+        if on_cpu_1 { "on CPU 1" } else { "on every CPU" },
+        percpu_ref::percpu::index(),
         stats.chunks
     );
 }
 
-#[test]
-fn arena_capped_at_1_cpu_on_cpu_1() {
+/// Whether this is a child run, or the machine lacks what the capped-arena
+/// runs need (the rseq backend, and CPU 1).
+fn capped_runs_skipped() -> bool {
     if std::env::var_os("PERCPU_REF_STRESS_EXPECT").is_some()
         || std::env::var_os("PERCPU_REF_STRESS_CAPPED").is_some()
     {
-        return; // already a child
+        return true; // already a child
+    }
+    if !Backend::Rseq.is_available() {
+        eprintln!("skipped: the rseq backend is not available");
+        return true;
+    }
+    if !allowed_cpus().contains(&1) {
+        eprintln!("skipped: CPU 1 is not available to this process");
+        return true;
+    }
+    false
+}
+
+/// On CPU 1 with an arena of one region, under both indices: `cpu_id` is 1
+/// (no region), `mm_cid` is 0 (the one region) as only one thread runs at
+/// a time; either way every count is exact.
+#[test]
+fn arena_capped_at_1_cpu_on_cpu_1() {
+    if capped_runs_skipped() {
+        return;
+    }
+    for index in ["", "cpu_id"] {
+        run_child_tests(
+            &["taskset", "-c", "1"],
+            &[
+                ("PERCPU_REF_TEST_POSSIBLE_CPUS", "1"),
+                ("PERCPU_REF_STRESS_CAPPED", "cpu1"),
+                ("PERCPU_REF_INDEX", index),
+            ],
+            &["capped_arena_on_cpu_1_counts_exactly"],
+        );
+    }
+}
+
+/// On every CPU with an arena of one region: threads running at once on
+/// two CPUs have two `mm_cid`s, and the one at the bound must take the
+/// atomic path (with the bound checked on `cpu_id` instead, a thread on
+/// CPU 0 whose `mm_cid` is 1 adds past the chunk).
+#[test]
+fn arena_capped_at_1_cpu_on_every_cpu() {
+    if capped_runs_skipped() {
+        return;
+    }
+    run_child_tests(
+        &[],
+        &[
+            ("PERCPU_REF_TEST_POSSIBLE_CPUS", "1"),
+            ("PERCPU_REF_STRESS_CAPPED", "all"),
+        ],
+        &["capped_arena_on_cpu_1_counts_exactly"],
+    );
+}
+
+/// A thread whose rseq registration is refused (made after a seccomp
+/// filter that refuses `rseq`, as a sandbox applied after start-up) never
+/// runs in a process whose first thread glibc registered: glibc aborts
+/// the process. The section relies on it: under `mm_cid` indexing such a
+/// thread's id would read 0 or a stale value (only its `cpu_id` is
+/// negative) and no kernel would abort its sections. Run in a child; should
+/// a C library let the thread run, its counts must still be exact.
+#[test]
+fn a_thread_refused_rseq_does_not_run() {
+    if std::env::var_os("PERCPU_REF_STRESS_REFUSED").is_some() {
+        refused_thread_counts();
+        return;
+    }
+    if std::env::var_os("PERCPU_REF_STRESS_EXPECT").is_some()
+        || std::env::var_os("PERCPU_REF_STRESS_CAPPED").is_some()
+    {
+        return; // another child
     }
     if !Backend::Rseq.is_available() {
         eprintln!("skipped: the rseq backend is not available");
         return;
     }
-    if !allowed_cpus().contains(&1) {
-        eprintln!("skipped: CPU 1 is not available to this process");
-        return;
+    let out = Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "a_thread_refused_rseq_does_not_run",
+            "--nocapture",
+        ])
+        .env("PERCPU_REF_STRESS_REFUSED", "1")
+        .output()
+        .unwrap();
+    let text =
+        String::from_utf8_lossy(&out.stderr).into_owned() + &String::from_utf8_lossy(&out.stdout);
+    if text.contains("rseq registration failed") {
+        assert!(
+            !out.status.success(),
+            "glibc reported the failure but went on:\n{text}"
+        );
+        eprintln!("the C library aborted the process, as the section relies on");
+    } else {
+        assert!(out.status.success(), "the refused thread's counts:\n{text}");
+        eprintln!("the C library let a refused thread run, and its counts were exact:\n{text}");
     }
-    run_child_tests(
-        &["taskset", "-c", "1"],
-        &[
-            ("PERCPU_REF_TEST_POSSIBLE_CPUS", "1"),
-            ("PERCPU_REF_STRESS_CAPPED", "1"),
-        ],
-        &["capped_arena_on_cpu_1_counts_exactly"],
+}
+
+/// The child of `a_thread_refused_rseq_does_not_run`: two registered
+/// threads and two refused ones count on the same refs.
+fn refused_thread_counts() {
+    let refs: Arc<Vec<PercpuRef>> = Arc::new(
+        (0..64)
+            .map(|_| PercpuRef::with_flags(|_| {}, InitFlags::ALLOW_REINIT))
+            .collect(),
     );
+    let n = ops() as usize / 4;
+    let held = Arc::new(AtomicUsize::new(0));
+    let worker = move |refs: Arc<Vec<PercpuRef>>, held: Arc<AtomicUsize>| {
+        move || {
+            for i in 0..n {
+                let r = &refs[i % refs.len()];
+                r.get();
+                r.get();
+                r.put();
+            }
+            held.fetch_add(n, SeqCst);
+        }
+    };
+    let mut threads: Vec<_> = (0..2)
+        .map(|_| std::thread::spawn(worker(refs.clone(), held.clone())))
+        .collect();
+    let w = (
+        worker(refs.clone(), held.clone()),
+        worker(refs.clone(), held.clone()),
+    );
+    threads.push(std::thread::spawn(move || {
+        common::fail_syscalls_on_this_thread(&[libc::SYS_rseq], libc::EPERM);
+        let a = std::thread::spawn(w.0);
+        let b = std::thread::spawn(w.1);
+        a.join().unwrap();
+        b.join().unwrap();
+    }));
+    for t in threads {
+        t.join().unwrap();
+    }
+    let mut left = 0;
+    for r in refs.iter() {
+        r.kill().unwrap();
+        left += r.atomic_count().unwrap();
+    }
+    assert_eq!(left as usize, held.load(SeqCst), "counts were lost");
 }

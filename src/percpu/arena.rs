@@ -246,12 +246,21 @@ pub(crate) fn after_fork() {
 /// the fast path's unsigned compare also rejects every negative `cpu_id`)
 /// and never changed, so chunk sizes, sums, resets and the fast path's
 /// bound all agree.
+#[inline(always)]
 pub(crate) fn arena_cpus() -> usize {
-    static ARENA_CPUS: AtomicUsize = AtomicUsize::new(0);
     let n = ARENA_CPUS.load(Ordering::Relaxed);
     if n != 0 {
         return n;
     }
+    count_arena_cpus()
+}
+
+static ARENA_CPUS: AtomicUsize = AtomicUsize::new(0);
+
+/// The first [`arena_cpus`].
+#[cold]
+#[inline(never)]
+fn count_arena_cpus() -> usize {
     let want = possible_cpus().clamp(1, i32::MAX as usize);
     // The first value stored wins (every caller computes the same one).
     match ARENA_CPUS.compare_exchange(0, want, Ordering::Relaxed, Ordering::Relaxed) {
@@ -284,12 +293,51 @@ fn map_chunk() -> NonNull<u8> {
     if p == libc::MAP_FAILED {
         alloc::handle_alloc_error(layout)
     }
+    no_huge_pages(p, layout.size());
     debug_assert_eq!(
         p as usize % CHUNK_ALIGN,
         0,
         "mmap returns page-aligned memory"
     );
     NonNull::new(p.cast()).unwrap_or_else(|| alloc::handle_alloc_error(layout))
+}
+
+/// Keeps transparent huge pages out of a chunk: a chunk of 32 regions is
+/// exactly one 2 MiB huge page, and under THP `always` (or after
+/// khugepaged collapses it) the first write to any CPU's counter would make
+/// every region of 8,192 refs resident, so that the memory a ref costs
+/// would no longer grow with the ids that touched it. `MADV_NOHUGEPAGE`
+/// is kept by the mapping, so khugepaged honours it too. A refusal (a
+/// kernel without THP) changes nothing: the pages are small already.
+///
+/// For measuring what huge pages change (the `footprint` example, in
+/// guests and here), `PERCPU_REF_ARENA_THP` chooses another advice, read
+/// once, before the first chunk: `system` gives none (the system's policy
+/// decides), `always` gives `MADV_HUGEPAGE` (huge pages where the policy
+/// is `madvise`); `never` or unset is the default.
+#[cfg(all(unix, not(miri)))]
+fn no_huge_pages(chunk: *mut libc::c_void, len: usize) {
+    #[cfg(target_os = "linux")]
+    {
+        static ADVICE: std::sync::OnceLock<Option<libc::c_int>> = std::sync::OnceLock::new();
+        let advice = *ADVICE.get_or_init(|| {
+            match std::env::var_os("PERCPU_REF_ARENA_THP")
+                .as_deref()
+                .and_then(|v| v.to_str())
+            {
+                Some("system") => None,
+                Some("always") => Some(libc::MADV_HUGEPAGE),
+                _ => Some(libc::MADV_NOHUGEPAGE),
+            }
+        });
+        if let Some(advice) = advice {
+            // SAFETY: advice on a mapping this function's caller just
+            // made, of its exact length; it changes no contents.
+            let _ = unsafe { libc::madvise(chunk, len, advice) };
+        }
+    }
+    #[cfg(not(target_os = "linux"))]
+    let _ = (chunk, len);
 }
 
 /// A new zeroed chunk from the global allocator, where there is no `mmap`
@@ -537,7 +585,10 @@ impl Slot {
     /// stays unbacked (reading it maps the shared zero page).
     pub(crate) fn zero(&self) {
         for cpu in 0..arena_cpus() {
-            let c = self.counter(cpu);
+            // SAFETY: `cpu` is below `arena_cpus()`, the chunk's regions.
+            let c = unsafe { self.counter_unchecked(cpu) };
+            // Read first: a region no id wrote is still the shared zero
+            // page (or unmapped), and a store would make it resident.
             if c.load(Ordering::Relaxed) != 0 {
                 c.store(0, Ordering::Relaxed);
             }

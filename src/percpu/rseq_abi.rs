@@ -13,9 +13,33 @@
 //! crate still links against an older glibc or musl, which then get the
 //! portable backend.
 //!
-//! Fields used (the documented ABI, `linux/rseq.h`): `cpu_id` (u32 at 4,
-//! read only) and `rseq_cs` (u64 at 8, written by the fast path). The
-//! kernel owns every other field; nothing here writes them.
+//! Fields used (the documented ABI, `linux/rseq.h`): `cpu_id` (u32 at 4)
+//! and `mm_cid` (u32 at 24), read only, and `rseq_cs` (u64 at 8, written
+//! by the fast path). The kernel owns every other field; nothing here
+//! writes them.
+//!
+//! # The index: `mm_cid` where the kernel writes it
+//!
+//! Linux 6.3 added `mm_cid`, the thread's *concurrency id*: unique among
+//! the threads of the process that are running at that moment, and below
+//! both the number of CPUs the process may use and its number of threads.
+//! The kernel changes it only when the thread is scheduled, so, as with
+//! `cpu_id`, a section that read it and was not aborted commits under the
+//! id it read, and no other thread can hold that id while it runs. Indexing
+//! the arena by it makes a ref's memory grow with the threads that use it
+//! at once, not with the CPUs they ever ran on (see `percpu/arena.rs`).
+//!
+//! It is detected from the auxiliary vector: `AT_RSEQ_FEATURE_SIZE` (also
+//! new in 6.3) is the size of the part of `struct rseq` the kernel fills,
+//! and a value of at least 28 covers `mm_cid`. That is the kernel's own
+//! statement of what it writes, made once at `exec`, rather than a probe
+//! of one thread's field (a `mm_cid` of 0 is also what an older kernel
+//! leaves there). The kernel writes `mm_cid` into any registered area, as
+//! it lies inside the original 32 bytes: glibc 2.36 to 2.39 say
+//! `__rseq_size` = 20 but register 32 bytes, and the field is filled there
+//! too. Kernels before 6.3 have no feature size (0): the index is then
+//! `cpu_id`. `PERCPU_REF_INDEX=cpu_id` forces `cpu_id` for comparison
+//! ([`crate::percpu::index`]).
 //!
 //! Requirement: every thread that uses a ref comes from the C library
 //! (`pthread_create`) or Rust's `std::thread`, so that glibc registered its
@@ -53,6 +77,13 @@ use std::sync::atomic::{AtomicBool, AtomicIsize, AtomicU64, AtomicU8, Ordering};
 pub(crate) const CPU_ID_OFFSET: usize = 4;
 /// Offset of `rseq_cs` in `struct rseq`.
 pub(crate) const RSEQ_CS_OFFSET: usize = 8;
+/// Offset of `mm_cid` in `struct rseq` (Linux 6.3 and later).
+pub(crate) const MM_CID_OFFSET: usize = 24;
+/// `AT_RSEQ_FEATURE_SIZE`: the auxiliary-vector entry (Linux 6.3+) giving
+/// the size of the part of `struct rseq` the kernel fills in.
+const AT_RSEQ_FEATURE_SIZE: libc::c_ulong = 27;
+/// The feature size that covers `mm_cid` (its offset plus 4).
+const MM_CID_FEATURE_SIZE: libc::c_ulong = MM_CID_OFFSET as libc::c_ulong + 4;
 /// The smallest `__rseq_size` that covers the original 32-byte ABI's used
 /// part (`cpu_id_start`, `cpu_id`, `rseq_cs`, `flags`).
 const MIN_RSEQ_SIZE: u32 = 20;
@@ -61,9 +92,23 @@ const MEMBARRIER_CMD_QUERY: libc::c_int = 0;
 const MEMBARRIER_CMD_PRIVATE_EXPEDITED_RSEQ: libc::c_int = 1 << 7;
 const MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED_RSEQ: libc::c_int = 1 << 8;
 
-/// Where the fast path finds this thread's rseq area, as an offset from
-/// the thread pointer (see [`rseq_offset`]); 0 until [`available`] ran.
-static RSEQ_OFFSET: AtomicIsize = AtomicIsize::new(0);
+/// Where the fast path finds this thread's rseq area and the id that
+/// indexes the arena, as offsets from the thread pointer (see
+/// [`rseq_offset`] and [`index_offset`]); 0 until [`available`] ran. One
+/// cache line: the section loads both.
+static OFFSETS: Offsets = Offsets {
+    area: AtomicIsize::new(0),
+    index: AtomicIsize::new(0),
+};
+
+#[repr(C, align(16))]
+struct Offsets {
+    /// The rseq area's (`rseq_cs` is at `area + RSEQ_CS_OFFSET`).
+    area: AtomicIsize,
+    /// The index's: `area + MM_CID_OFFSET` or `area + CPU_ID_OFFSET`.
+    index: AtomicIsize,
+}
+
 /// Set only by the instruction-counting hook: no membarrier, one thread.
 static FORCED: AtomicBool = AtomicBool::new(false);
 /// Fast-path attempts the kernel aborted (and that were retried).
@@ -71,11 +116,15 @@ static ABORTS: AtomicU64 = AtomicU64::new(0);
 /// `membarrier` grace periods issued (`crate::percpu::grace_periods`).
 static GRACE_PERIODS: AtomicU64 = AtomicU64::new(0);
 
-/// [`available`]'s answer: [`UNKNOWN`] until decided, then [`NO`] or [`YES`].
+/// [`available`]'s answer: [`UNKNOWN`] until decided, then [`NO`] or
+/// [`YES_CPU_ID`] or [`YES_MM_CID`], which also say which id indexes the
+/// arena ([`by_mm_cid`]): one word, so that the backend and its index are
+/// decided together, once, before any ref exists.
 static AVAILABLE: AtomicU8 = AtomicU8::new(UNKNOWN);
 const UNKNOWN: u8 = 0;
 const NO: u8 = 1;
-const YES: u8 = 2;
+const YES_CPU_ID: u8 = 2;
+const YES_MM_CID: u8 = 3;
 
 /// Whether the rseq backend can run in this process (decided once).
 ///
@@ -83,23 +132,52 @@ const YES: u8 = 2;
 /// leave the child waiting for it forever. Threads that race here each
 /// detect (idempotent: lookups, and a membarrier registration the kernel
 /// accepts again) and the first answer stored is everyone's.
+#[inline(always)]
 pub(crate) fn available() -> bool {
+    answer() >= YES_CPU_ID
+}
+
+/// Whether the rseq section indexes the arena by `mm_cid` (else by
+/// `cpu_id`); meaningful where [`available`].
+#[inline(always)]
+pub(crate) fn by_mm_cid() -> bool {
+    answer() == YES_MM_CID
+}
+
+/// [`AVAILABLE`], decided on first use. Inlined: every ref's constructor
+/// asks, so the decided case is one load and one branch.
+#[inline(always)]
+fn answer() -> u8 {
     // ordering-audit: kept: acquires the offset the answer publishes (YES or
     // NO: every backend arms the section). Not built under loom
     // (src/percpu/model.rs models the backend, not its detection);
     // tests/rseq_* run it, on x86, where no order is weaker.
     match AVAILABLE.load(Ordering::Acquire) {
-        UNKNOWN => {
-            let mine = if detect() { YES } else { NO };
-            // ordering-audit: kept: the answer publishes the rseq offset
-            // that detect stored (Release); a lost race acquires the
-            // winner's (Acquire on failure). Not built under loom, as above.
-            match AVAILABLE.compare_exchange(UNKNOWN, mine, Ordering::Release, Ordering::Acquire) {
-                Ok(_) => mine == YES,
-                Err(first) => first == YES,
+        UNKNOWN => decide(),
+        v => v,
+    }
+}
+
+/// The first [`answer`]: detects, and publishes what it found unless a
+/// racing thread published first.
+#[cold]
+#[inline(never)]
+fn decide() -> u8 {
+    let (mine, warning) = detect();
+    // ordering-audit: kept: the answer publishes the rseq offset that
+    // detect stored (Release); a lost race acquires the winner's (Acquire
+    // on failure). Not built under loom, as above.
+    match AVAILABLE.compare_exchange(UNKNOWN, mine, Ordering::Release, Ordering::Acquire) {
+        Ok(_) => {
+            // Only the thread whose answer stood says why.
+            if let Some(warning) = warning {
+                use std::io::Write;
+                // Straight to stderr; nothing to do if it fails.
+                let _ = writeln!(std::io::stderr(), "{warning}");
             }
+            mine
         }
-        v => v == YES,
+        Err(first) => first,
     }
 }
 
@@ -111,24 +189,89 @@ pub(crate) fn available() -> bool {
 /// count nothing), so an area to arm must exist even where rseq does not.
 #[inline(always)]
 pub(crate) fn rseq_offset() -> isize {
-    RSEQ_OFFSET.load(Ordering::Relaxed)
+    OFFSETS.area.load(Ordering::Relaxed)
 }
 
-fn detect() -> bool {
+/// Where the fast path reads the id that picks its counter: the offset
+/// from the thread pointer of this thread's `mm_cid` where the kernel
+/// writes it (and `PERCPU_REF_INDEX` does not say `cpu_id`), else of its
+/// `cpu_id`. Valid once [`available`] has run, as [`rseq_offset`].
+///
+/// A second offset rather than one the section adds a constant to: the
+/// section arms `rseq_cs` and reads the id relative to registers, and one
+/// register with fixed displacements cannot reach both `rseq_cs` and an
+/// id whose place is chosen at run time. The load costs one instruction
+/// per operation, from the cache line the first load brought in.
+#[inline(always)]
+pub(crate) fn index_offset() -> isize {
+    OFFSETS.index.load(Ordering::Relaxed)
+}
+
+/// The answer for this process, and a warning about `PERCPU_REF_INDEX`
+/// where its value was not honoured.
+fn detect() -> (u8, Option<String>) {
     let area = glibc_rseq_area();
-    // The same value in every racing thread (the process's glibc decides
-    // it), stored before the answer that publishes it.
-    RSEQ_OFFSET.store(
-        area.map_or_else(stand_in_offset, |(offset, _)| offset),
-        Ordering::Relaxed,
-    );
+    // The same values in every racing thread (the process's glibc and
+    // kernel decide them), stored before the answer that publishes them.
+    // Until the index is chosen it is `cpu_id`, inside the area: where the
+    // answer is NO every bound is 0 and the id is read, never used.
+    let offset = area.map_or_else(stand_in_offset, |(offset, _)| offset);
+    OFFSETS.area.store(offset, Ordering::Relaxed);
+    OFFSETS
+        .index
+        .store(offset + CPU_ID_OFFSET.cast_signed(), Ordering::Relaxed);
     let Some((offset, size)) = area else {
-        return false;
+        return (NO, None);
     };
-    if size < MIN_RSEQ_SIZE || current_cpu_id(offset) < 0 {
-        return false;
+    if size < MIN_RSEQ_SIZE || current_cpu_id(offset) < 0 || !membarrier_register() {
+        return (NO, None);
     }
-    membarrier_register()
+    // SAFETY: getauxval has no preconditions; it returns 0 for an entry
+    // the kernel did not pass.
+    let feature_size = unsafe { libc::getauxval(AT_RSEQ_FEATURE_SIZE) };
+    let (by_mm_cid, warning) = choose_index(feature_size >= MM_CID_FEATURE_SIZE, feature_size);
+    if by_mm_cid {
+        OFFSETS
+            .index
+            .store(offset + MM_CID_OFFSET.cast_signed(), Ordering::Relaxed);
+        (YES_MM_CID, warning)
+    } else {
+        (YES_CPU_ID, warning)
+    }
+}
+
+/// The environment variable that forces the rseq section's index.
+pub(crate) const INDEX_VAR: &str = "PERCPU_REF_INDEX";
+
+/// Whether to index by `mm_cid`, given whether the kernel provides it, and
+/// the warning to print if [`INDEX_VAR`] asked for what cannot be had or
+/// for nothing known.
+#[allow(
+    clippy::unnecessary_debug_formatting,
+    reason = "the value is quoted and escaped on purpose: a stray space or a non-UTF-8 byte shows"
+)]
+fn choose_index(mm_cid: bool, feature_size: libc::c_ulong) -> (bool, Option<String>) {
+    let wanted = std::env::var_os(INDEX_VAR).unwrap_or_default();
+    match wanted.to_str() {
+        Some("") => (mm_cid, None),
+        Some("cpu_id") => (false, None),
+        Some("mm_cid") if mm_cid => (true, None),
+        Some("mm_cid") => (
+            false,
+            Some(format!(
+                "percpu_ref: warning: {INDEX_VAR}=mm_cid, but this kernel does not provide                  mm_cid (AT_RSEQ_FEATURE_SIZE is {feature_size}, it needs at least                  {MM_CID_FEATURE_SIZE}: Linux 6.3 or later); using cpu_id"
+            )),
+        ),
+        _ => {
+            let default = if mm_cid { "mm_cid" } else { "cpu_id" };
+            (
+                mm_cid,
+                Some(format!(
+                    "percpu_ref: warning: ignoring {INDEX_VAR}={wanted:?}: valid values are                      `cpu_id` and `mm_cid`; using the default, {default}"
+                )),
+            )
+        }
+    }
 }
 
 // The stand-in rseq area: 32 zeroed bytes in every thread's static TLS
@@ -225,11 +368,31 @@ fn thread_pointer() -> usize {
 
 /// This thread's `rseq->cpu_id` (negative when not registered).
 fn current_cpu_id(offset: isize) -> i32 {
-    let p = thread_pointer().wrapping_add_signed(offset) + CPU_ID_OFFSET;
+    read_field(offset, CPU_ID_OFFSET)
+}
+
+/// The id that indexes the arena for the calling thread at this moment
+/// (its `mm_cid` or `cpu_id`, see [`by_mm_cid`]); `None` where the rseq
+/// backend is not available. It may change as soon as it is read.
+pub(crate) fn current_index() -> Option<u32> {
+    if !available() {
+        return None;
+    }
+    let field = if by_mm_cid() {
+        MM_CID_OFFSET
+    } else {
+        CPU_ID_OFFSET
+    };
+    Some(read_field(rseq_offset(), field).cast_unsigned())
+}
+
+/// The `u32` field at `field` of this thread's rseq area at `offset`.
+fn read_field(offset: isize, field: usize) -> i32 {
+    let p = thread_pointer().wrapping_add_signed(offset) + field;
     // SAFETY: glibc reserves the rseq area in every thread's TCB, at
     // `__rseq_offset` from the thread pointer, whether or not registration
-    // succeeded; `cpu_id` is an aligned u32 that only the kernel writes, so
-    // a volatile read is the right access.
+    // succeeded; `cpu_id` and `mm_cid` are aligned u32s that only the
+    // kernel writes, so a volatile read is the right access.
     unsafe { std::ptr::read_volatile(p as *const i32) }
 }
 
@@ -312,13 +475,18 @@ pub(crate) fn aborts() -> u64 {
 pub unsafe fn force_fake_area_for_instruction_counting() {
     let area: &'static mut [u64; 4] = Box::leak(Box::new([0u64; 4]));
     let offset = (area.as_mut_ptr() as usize).wrapping_sub(thread_pointer()) as isize;
-    RSEQ_OFFSET.store(offset, Ordering::Relaxed);
+    OFFSETS.area.store(offset, Ordering::Relaxed);
+    OFFSETS
+        .index
+        .store(offset + MM_CID_OFFSET.cast_signed(), Ordering::Relaxed);
     FORCED.store(true, Ordering::Relaxed);
     assert!(
         // ordering-audit: kept: publishes the offset (Release); instruction
-        // counting only, never under loom.
+        // counting only, never under loom. The fake area's `mm_cid` is 0:
+        // the index of every kernel since 6.3 (the same instructions as
+        // `cpu_id`, only the offset differs).
         AVAILABLE
-            .compare_exchange(UNKNOWN, YES, Ordering::Release, Ordering::Relaxed)
+            .compare_exchange(UNKNOWN, YES_MM_CID, Ordering::Release, Ordering::Relaxed)
             .is_ok(),
         "force_fake_area_for_instruction_counting: the backend was already chosen"
     );

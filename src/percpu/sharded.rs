@@ -4,9 +4,11 @@
 //! (`percpu/arena.rs`): shard `k` of every ref lives in region `k`, 8 bytes
 //! per shard, so a ref costs 8 bytes per possible CPU and shards of
 //! different indices never share a cache line. A thread always uses the
-//! shard given by its thread index (modulo the shard count), so in the
-//! common case a shard is touched by one thread and its cache line never
-//! moves. (Under loom, which cannot place its atomics in raw memory, the
+//! shard given by its compact thread id (`percpu/thread_id.rs`: the lowest
+//! id no live thread holds, reused when a thread exits), so in the common
+//! case a shard is touched by one thread and its cache line never moves,
+//! and a ref's pages are touched only in the regions of the threads that
+//! use it at once, not of every thread the process ever started. (Under loom, which cannot place its atomics in raw memory, the
 //! shards are a boxed slice; the protocol is the same code.)
 //!
 //! # Sealing instead of a grace period
@@ -94,8 +96,9 @@ impl ShardStore for Slot {
 
     #[inline(always)]
     fn this_threads(&self) -> &AtomicU64 {
-        // SAFETY: `thread_shard` is taken modulo `shard_count()`, which is
-        // `arena_cpus()`, fixed for the life of the process.
+        // SAFETY: `thread_shard` is a thread id below `arena_cpus()` (the
+        // bitmap has that many ids; a shared one is taken modulo it), fixed
+        // for the life of the process, which is `shard_count()`.
         unsafe { self.counter_unchecked(thread_shard()) }
     }
 }
@@ -210,28 +213,13 @@ pub(crate) fn try_add_at(shard: &AtomicU64, delta: u64) -> bool {
     mutant!("seal_check_ignored", counted, true)
 }
 
-/// This thread's shard index, below [`shard_count`]: threads take indices
-/// round-robin as they first count, so the first `shard_count()` threads
-/// each have a shard of their own.
+/// This thread's shard index, below [`shard_count`]: its compact thread
+/// id (`percpu/thread_id.rs`), the lowest no live thread holds, given back
+/// when the thread exits.
 #[cfg(not(loom))]
 #[inline(always)]
 fn thread_shard() -> usize {
-    use std::cell::Cell;
-    use std::sync::atomic::AtomicUsize as StdAtomicUsize;
-    static NEXT: StdAtomicUsize = StdAtomicUsize::new(0);
-    std::thread_local! {
-        static INDEX: Cell<usize> = const { Cell::new(usize::MAX) };
-    }
-    INDEX.with(|i| {
-        let v = i.get();
-        if v != usize::MAX {
-            return v;
-        }
-        // The modulo once per thread, not per operation.
-        let v = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed) % shard_count();
-        i.set(v);
-        v
-    })
+    super::thread_id::current()
 }
 
 #[cfg(loom)]
