@@ -45,6 +45,11 @@ struct Child {
     backend: String,
     /// The lines of stderr that mention the variable.
     warnings: Vec<String>,
+    /// The rseq backend's index, and the lines that mention its variable.
+    #[cfg_attr(not(target_os = "linux"), allow(dead_code))]
+    index: String,
+    #[cfg_attr(not(target_os = "linux"), allow(dead_code))]
+    index_warnings: Vec<String>,
 }
 
 /// Runs `child_reports_backend` with `PERCPU_REF_BACKEND` set to `value`
@@ -80,12 +85,25 @@ fn run_child(value: Option<&str>, env: &[(&str, &str)]) -> Child {
         .and_then(|rest| rest.split_whitespace().next())
         .expect("the child prints its backend")
         .to_string();
-    let warnings = stderr
-        .lines()
-        .filter(|l| l.contains("PERCPU_REF_BACKEND"))
-        .map(str::to_string)
-        .collect();
-    Child { backend, warnings }
+    let lines = |var: &str| -> Vec<String> {
+        stderr
+            .lines()
+            .filter(|l| l.contains(var))
+            .map(str::to_string)
+            .collect()
+    };
+    let index = stdout
+        .split("chosen index: ")
+        .nth(1)
+        .and_then(|rest| rest.split_whitespace().next())
+        .expect("the child prints its index")
+        .to_string();
+    Child {
+        backend,
+        warnings: lines("PERCPU_REF_BACKEND"),
+        index,
+        index_warnings: lines("PERCPU_REF_INDEX"),
+    }
 }
 
 /// The backend a process gets when the variable is not set.
@@ -179,38 +197,8 @@ fn rseq_asked_for_but_unavailable_warns_once() {
 /// variable set: its index, and its stderr lines that name the variable.
 #[cfg(target_os = "linux")]
 fn run_index_child(value: &str) -> (String, Vec<String>) {
-    let out = Command::new(std::env::current_exe().unwrap())
-        .args([
-            "--exact",
-            "child_reports_backend",
-            "--nocapture",
-            "--test-threads=1",
-        ])
-        .env(CHILD, "1")
-        .env_remove("PERCPU_REF_BACKEND")
-        .env("PERCPU_REF_INDEX", value)
-        .output()
-        .unwrap();
-    let (stdout, stderr) = (
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr),
-    );
-    assert!(
-        out.status.success(),
-        "child with PERCPU_REF_INDEX={value:?} failed:\n{stdout}{stderr}"
-    );
-    let index = stdout
-        .split("chosen index: ")
-        .nth(1)
-        .and_then(|rest| rest.split_whitespace().next())
-        .expect("the child prints its index")
-        .to_string();
-    let warnings = stderr
-        .lines()
-        .filter(|l| l.contains("PERCPU_REF_INDEX"))
-        .map(str::to_string)
-        .collect();
-    (index, warnings)
+    let c = run_child(None, &[("PERCPU_REF_INDEX", value)]);
+    (c.index, c.index_warnings)
 }
 
 /// `cpu_id` is honoured silently; a typo warns once, naming the variable,
