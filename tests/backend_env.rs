@@ -79,12 +79,15 @@ fn run_child(value: Option<&str>, env: &[(&str, &str)]) -> Child {
         out.status.success() && stdout.contains("1 passed"),
         "child with PERCPU_REF_BACKEND={value:?} {env:?} failed:\n{stdout}{stderr}"
     );
-    let backend = stdout
-        .split("chosen backend: ")
-        .nth(1)
-        .and_then(|rest| rest.split_whitespace().next())
-        .expect("the child prints its backend")
-        .to_string();
+    // The word after `chosen <what>: ` on the child's stdout.
+    let chosen = |what: &str| -> String {
+        stdout
+            .split(&format!("chosen {what}: "))
+            .nth(1)
+            .and_then(|rest| rest.split_whitespace().next())
+            .unwrap_or_else(|| panic!("the child prints its {what}"))
+            .to_string()
+    };
     let lines = |var: &str| -> Vec<String> {
         stderr
             .lines()
@@ -92,16 +95,11 @@ fn run_child(value: Option<&str>, env: &[(&str, &str)]) -> Child {
             .map(str::to_string)
             .collect()
     };
-    let index = stdout
-        .split("chosen index: ")
-        .nth(1)
-        .and_then(|rest| rest.split_whitespace().next())
-        .expect("the child prints its index")
-        .to_string();
+
     Child {
-        backend,
+        backend: chosen("backend"),
         warnings: lines("PERCPU_REF_BACKEND"),
-        index,
+        index: chosen("index"),
         index_warnings: lines("PERCPU_REF_INDEX"),
     }
 }

@@ -476,32 +476,10 @@ mod tests {
             eprintln!("skipped: rseq not available");
             return;
         }
-        let cpus: Vec<usize> = std::thread::spawn(|| {
-            // SAFETY: cpu_set_t is plain data; sched_getaffinity fills it.
-            let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
-            // SAFETY: a valid set of the size passed; 0 = this thread.
-            let ok = unsafe {
-                libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set)
-            } == 0;
-            assert!(ok, "sched_getaffinity failed");
-            // SAFETY: CPU_ISSET reads the set with an index below its size.
-            (0..libc::CPU_SETSIZE as usize)
-                .filter(|&c| unsafe { libc::CPU_ISSET(c, &set) })
-                .collect()
-        })
-        .join()
-        .unwrap();
+        let cpus = std::thread::spawn(allowed_cpus).join().unwrap();
         for cpu in cpus {
             std::thread::spawn(move || {
-                // SAFETY: as above; sched_setaffinity(0, ..) pins this thread.
-                unsafe {
-                    let mut set: libc::cpu_set_t = std::mem::zeroed();
-                    libc::CPU_SET(cpu, &mut set);
-                    assert_eq!(
-                        libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set),
-                        0
-                    );
-                }
+                pin_to(cpu);
                 let c = Slot::alloc();
                 let percpu = AtomicUsize::new(arena::arena_cpus());
                 for _ in 0..1000 {

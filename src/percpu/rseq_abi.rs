@@ -117,14 +117,13 @@ static ABORTS: AtomicU64 = AtomicU64::new(0);
 static GRACE_PERIODS: AtomicU64 = AtomicU64::new(0);
 
 /// [`available`]'s answer: [`UNKNOWN`] until decided, then [`NO`] or
-/// [`YES_CPU_ID`] or [`YES_MM_CID`], which also say which id indexes the
-/// arena ([`by_mm_cid`]): one word, so that the backend and its index are
-/// decided together, once, before any ref exists.
+/// [`YES`]. It publishes [`OFFSETS`], which also say which id indexes the
+/// arena ([`by_mm_cid`]): the backend and its index are decided together,
+/// once, before any ref exists.
 static AVAILABLE: AtomicU8 = AtomicU8::new(UNKNOWN);
 const UNKNOWN: u8 = 0;
 const NO: u8 = 1;
-const YES_CPU_ID: u8 = 2;
-const YES_MM_CID: u8 = 3;
+const YES: u8 = 2;
 
 /// Whether the rseq backend can run in this process (decided once).
 ///
@@ -134,14 +133,14 @@ const YES_MM_CID: u8 = 3;
 /// accepts again) and the first answer stored is everyone's.
 #[inline(always)]
 pub(crate) fn available() -> bool {
-    answer() >= YES_CPU_ID
+    answer() == YES
 }
 
 /// Whether the rseq section indexes the arena by `mm_cid` (else by
 /// `cpu_id`); meaningful where [`available`].
 #[inline(always)]
 pub(crate) fn by_mm_cid() -> bool {
-    answer() == YES_MM_CID
+    available() && index_offset() == rseq_offset() + MM_CID_OFFSET.cast_signed()
 }
 
 /// [`AVAILABLE`], decided on first use. Inlined: every ref's constructor
@@ -207,8 +206,8 @@ pub(crate) fn index_offset() -> isize {
     OFFSETS.index.load(Ordering::Relaxed)
 }
 
-/// The answer for this process, and a warning about `PERCPU_REF_INDEX`
-/// where its value was not honoured.
+/// The answer for this process (the index chosen is in [`OFFSETS`]), and a
+/// warning about `PERCPU_REF_INDEX` where its value was not honoured.
 fn detect() -> (u8, Option<String>) {
     let area = glibc_rseq_area();
     // The same values in every racing thread (the process's glibc and
@@ -234,10 +233,8 @@ fn detect() -> (u8, Option<String>) {
         OFFSETS
             .index
             .store(offset + MM_CID_OFFSET.cast_signed(), Ordering::Relaxed);
-        (YES_MM_CID, warning)
-    } else {
-        (YES_CPU_ID, warning)
     }
+    (YES, warning)
 }
 
 /// The environment variable that forces the rseq section's index.
@@ -368,7 +365,7 @@ fn thread_pointer() -> usize {
 
 /// This thread's `rseq->cpu_id` (negative when not registered).
 fn current_cpu_id(offset: isize) -> i32 {
-    read_field(offset, CPU_ID_OFFSET)
+    read_at(offset + CPU_ID_OFFSET.cast_signed())
 }
 
 /// The id that indexes the arena for the calling thread at this moment
@@ -378,17 +375,13 @@ pub(crate) fn current_index() -> Option<u32> {
     if !available() {
         return None;
     }
-    let field = if by_mm_cid() {
-        MM_CID_OFFSET
-    } else {
-        CPU_ID_OFFSET
-    };
-    Some(read_field(rseq_offset(), field).cast_unsigned())
+    Some(read_at(index_offset()).cast_unsigned())
 }
 
-/// The `u32` field at `field` of this thread's rseq area at `offset`.
-fn read_field(offset: isize, field: usize) -> i32 {
-    let p = thread_pointer().wrapping_add_signed(offset) + field;
+/// The `u32` field of this thread's rseq area at `offset` from the thread
+/// pointer.
+fn read_at(offset: isize) -> i32 {
+    let p = thread_pointer().wrapping_add_signed(offset);
     // SAFETY: glibc reserves the rseq area in every thread's TCB, at
     // `__rseq_offset` from the thread pointer, whether or not registration
     // succeeded; `cpu_id` and `mm_cid` are aligned u32s that only the
@@ -486,7 +479,7 @@ pub unsafe fn force_fake_area_for_instruction_counting() {
         // the index of every kernel since 6.3 (the same instructions as
         // `cpu_id`, only the offset differs).
         AVAILABLE
-            .compare_exchange(UNKNOWN, YES_MM_CID, Ordering::Release, Ordering::Relaxed)
+            .compare_exchange(UNKNOWN, YES, Ordering::Release, Ordering::Relaxed)
             .is_ok(),
         "force_fake_area_for_instruction_counting: the backend was already chosen"
     );
