@@ -1422,8 +1422,7 @@ fn measure_index(threads: usize, refs: usize) -> Result<IndexRow, String> {
                                 r.get();
                                 r.put();
                             }
-                            // SAFETY: sched_getcpu has no preconditions.
-                            let cpu = unsafe { libc::sched_getcpu() };
+                            let cpu = affinity::current_cpu();
                             seen.push((percpu_ref::percpu::current_index(), cpu));
                         }
                     }
@@ -1441,7 +1440,7 @@ fn measure_index(threads: usize, refs: usize) -> Result<IndexRow, String> {
         (base, rss_bytes(), seen)
     });
     let ids: std::collections::BTreeSet<_> = seen.iter().map(|s| s.0).collect();
-    let visited: std::collections::BTreeSet<_> = seen.iter().map(|s| s.1).collect();
+    let visited: std::collections::BTreeSet<_> = seen.iter().filter_map(|s| s.1).collect();
     drop(v);
     Ok(IndexRow {
         index: index.name().into(),

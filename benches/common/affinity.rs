@@ -52,6 +52,20 @@ pub fn pin_to(_cpu: usize) -> Result<(), String> {
     Ok(())
 }
 
+/// The CPU the calling thread runs on now (it may have moved by the time
+/// the caller looks).
+#[cfg(target_os = "linux")]
+pub fn current_cpu() -> Option<usize> {
+    // SAFETY: sched_getcpu has no preconditions.
+    usize::try_from(unsafe { libc::sched_getcpu() }).ok()
+}
+
+/// No portable way to ask here.
+#[cfg(not(target_os = "linux"))]
+pub fn current_cpu() -> Option<usize> {
+    None
+}
+
 /// Runs `work` on `threads` threads at once and returns the slowest
 /// thread's time, each measured from a common start. With more than one
 /// thread, thread `t` is pinned to `cpus[t % cpus.len()]` (a failure, such
