@@ -31,7 +31,7 @@
 //! thread, just registered, holds a lock.
 
 use crate::grace;
-use crate::percpu::{arena_after_fork, arena_prepare_fork};
+use crate::percpu::{arena_child_after_fork, arena_parent_after_fork, arena_prepare_fork};
 use std::sync::atomic::{AtomicBool, Ordering};
 
 /// Whether `pthread_atfork` accepted the handlers (at load time).
@@ -50,14 +50,14 @@ extern "C" fn prepare() {
 }
 
 extern "C" fn parent() {
-    arena_after_fork();
+    arena_parent_after_fork();
     if ENGINE_TAKES_PART {
         grace::parent_after_fork();
     }
 }
 
 extern "C" fn child() {
-    arena_after_fork();
+    arena_child_after_fork();
     if ENGINE_TAKES_PART {
         grace::child_after_fork();
     }

@@ -214,6 +214,13 @@
 //! - **memory**: 8 bytes per possible CPU per ref, backed only where a CPU
 //!   has written, plus the `PercpuRef`, 64 bytes on 64-bit Linux (a
 //!   compile-time assertion keeps that figure true).
+//! - **create and drop** take a slot from, and give it back to, the
+//!   thread's own cache of free slots (no lock, no atomic read-modify-write
+//!   but once per 32): a ref's whole life, new + get + put + drop, is 136
+//!   instructions on the rseq backend against 177 for `Arc::new` + clone +
+//!   drop (callgrind; CI fails if it is more than `Arc`'s). The drop zeroes
+//!   the ref's counter on every possible CPU, so that part grows with the
+//!   machine (a load per possible CPU).
 //!
 //! Measured figures, beside `Arc`, arc-swap and crossbeam-epoch on the
 //! same machine, with the machine and the commands; the kernel's 2013

@@ -65,11 +65,40 @@ mod sharded;
 #[cfg(not(loom))]
 mod thread_id;
 
+/// Runs the unit test `test` (its path, as `cargo test --exact` takes it)
+/// alone in a child process of this test binary, for tests of process-wide
+/// state (thread ids, the arena's pool) that other tests' threads would
+/// change meanwhile. True in that child, which runs the test's body; false
+/// in the parent, once the child passed (it panics with the child's
+/// output if not).
+#[cfg(all(test, not(loom)))]
+fn alone_in_child(test: &str) -> bool {
+    const VAR: &str = "PERCPU_REF_TEST_CHILD";
+    if std::env::var_os(VAR).is_some_and(|v| v == test) {
+        return true;
+    }
+    let out = std::process::Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", test, "--test-threads=1", "--nocapture"])
+        .env(VAR, test)
+        .output()
+        .unwrap();
+    let text =
+        String::from_utf8_lossy(&out.stderr).into_owned() + &String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && text.contains("1 passed"),
+        "{test} failed in its child process:\n{text}"
+    );
+    false
+}
+
 use crate::sync::AtomicUsize;
 use std::fmt;
 
 #[cfg(all(unix, not(miri), not(loom)))]
-pub(crate) use arena::{after_fork as arena_after_fork, prepare_fork as arena_prepare_fork};
+pub(crate) use arena::{
+    child_after_fork as arena_child_after_fork, parent_after_fork as arena_parent_after_fork,
+    prepare_fork as arena_prepare_fork,
+};
 pub use cpus::possible_cpus;
 #[cfg(all(percpu_ref_rseq, percpu_ref_callgrind))]
 #[doc(hidden)]
@@ -422,6 +451,7 @@ impl fmt::Display for Backend {
 /// makes the rseq backend index its counters by CPU rather than by
 /// `mm_cid` ([`index`]).
 #[must_use]
+#[inline]
 pub fn backend() -> Backend {
     #[cfg(loom)]
     {
@@ -429,35 +459,10 @@ pub fn backend() -> Backend {
     }
     #[cfg(not(loom))]
     {
-        use std::sync::atomic::{AtomicU8, Ordering::Relaxed};
-        // 0 until chosen, then RSEQ or SHARDED. Not a `OnceLock`: a fork
-        // while another thread runs the detection would leave the child
-        // waiting for it forever. Racing threads each detect; the first
-        // choice stored is everyone's.
-        const RSEQ: u8 = 1;
-        const SHARDED: u8 = 2;
-        static CHOSEN: AtomicU8 = AtomicU8::new(0);
-        let chosen = match CHOSEN.load(Relaxed) {
-            0 => {
-                let (backend, warning) = detect_backend();
-                let mine = match backend {
-                    Backend::Rseq => RSEQ,
-                    Backend::Sharded => SHARDED,
-                };
-                match CHOSEN.compare_exchange(0, mine, Relaxed, Relaxed) {
-                    Ok(_) => {
-                        // Only the thread whose choice stood says why.
-                        if let Some(warning) = warning {
-                            use std::io::Write;
-                            // Straight to stderr (not captured by test
-                            // harnesses); nothing to do if it fails.
-                            let _ = writeln!(std::io::stderr(), "{warning}");
-                        }
-                        mine
-                    }
-                    Err(first) => first,
-                }
-            }
+        // Inlined: `PercpuRef::new` asks on every creation, and once
+        // chosen this is one load and one compare.
+        let chosen = match CHOSEN.load(std::sync::atomic::Ordering::Relaxed) {
+            0 => choose_backend(),
             c => c,
         };
         if chosen == RSEQ {
@@ -465,6 +470,44 @@ pub fn backend() -> Backend {
         } else {
             Backend::Sharded
         }
+    }
+}
+
+/// [`backend`]'s choice: 0 until made, then [`RSEQ`] or [`SHARDED`]. Not a
+/// `OnceLock`: a fork while another thread runs the detection would leave
+/// the child waiting for it forever. Racing threads each detect; the first
+/// choice stored is everyone's.
+#[cfg(not(loom))]
+static CHOSEN: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(0);
+#[cfg(not(loom))]
+const RSEQ: u8 = 1;
+#[cfg(not(loom))]
+const SHARDED: u8 = 2;
+
+/// The first [`backend`]: detects, stores the choice unless a racing
+/// thread stored first, and prints the warning of the choice that stood.
+#[cfg(not(loom))]
+#[cold]
+#[inline(never)]
+fn choose_backend() -> u8 {
+    use std::sync::atomic::Ordering::Relaxed;
+    let (backend, warning) = detect_backend();
+    let mine = match backend {
+        Backend::Rseq => RSEQ,
+        Backend::Sharded => SHARDED,
+    };
+    match CHOSEN.compare_exchange(0, mine, Relaxed, Relaxed) {
+        Ok(_) => {
+            // Only the thread whose choice stood says why.
+            if let Some(warning) = warning {
+                use std::io::Write;
+                // Straight to stderr (not captured by test harnesses);
+                // nothing to do if it fails.
+                let _ = writeln!(std::io::stderr(), "{warning}");
+            }
+            mine
+        }
+        Err(first) => first,
     }
 }
 
@@ -540,12 +583,23 @@ enum Kind {
 }
 
 impl Counters {
-    /// Counters for one ref, all zero, on `backend` (which must be
-    /// available); `atomic` for a ref that starts in atomic mode (its
-    /// counters start sealed, as after a switch to atomic mode).
-    pub(crate) fn new(backend: Backend, atomic: bool) -> Self {
+    /// Counters for one ref, all zero, on `backend`, or `None` where that
+    /// backend is not available ([`Backend::is_available`]); `atomic` for
+    /// a ref that starts in atomic mode (its counters start sealed, as
+    /// after a switch to atomic mode). Inlined: with the slot's cache it
+    /// is most of a ref's creation.
+    #[inline(always)]
+    #[cfg_attr(
+        loom,
+        allow(
+            clippy::unnecessary_wraps,
+            reason = "under loom both backends are models, always available"
+        )
+    )]
+    pub(crate) fn new(backend: Backend, atomic: bool) -> Option<Self> {
         // Every backend's operations run the rseq section first: it must
-        // have an area to arm in this process before any ref exists.
+        // have an area to arm in this process before any ref exists, so
+        // this asks on every backend (one load once decided).
         #[cfg(percpu_ref_rseq)]
         let rseq_available = rseq_abi::available();
         #[cfg(not(loom))]
@@ -554,13 +608,13 @@ impl Counters {
                 Backend::Sharded => {}
                 #[cfg(percpu_ref_rseq)]
                 Backend::Rseq if rseq_available => {}
-                Backend::Rseq => unreachable!("rseq backend requested but not available"),
+                Backend::Rseq => return None,
             }
             let slot = arena::Slot::alloc_tagged(backend as u8);
             if atomic && backend == Backend::Sharded {
                 sharded::seal_fresh(&slot);
             }
-            Counters { slot }
+            Some(Counters { slot })
         }
         #[cfg(loom)]
         {
@@ -574,11 +628,12 @@ impl Counters {
                 }
                 Backend::Rseq => Kind::Model(model::ModelCpus::new()),
             };
-            Counters { kind }
+            Some(Counters { kind })
         }
     }
 
     /// The backend these counters live on.
+    #[inline]
     pub(crate) fn backend(&self) -> Backend {
         #[cfg(not(loom))]
         {
@@ -601,6 +656,7 @@ impl Counters {
         not(percpu_ref_rseq),
         allow(clippy::unused_self, reason = "only the rseq backend has a bound")
     )]
+    #[inline]
     pub(crate) fn percpu_mode(&self) -> usize {
         // The arena's region count, at most i32::MAX: every CPU below it
         // has a counter in the slot's chunk, and every negative `cpu_id`

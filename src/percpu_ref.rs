@@ -241,6 +241,7 @@ impl PercpuRef {
     /// default [`backend`](crate::backend). `release` runs when the count
     /// reaches zero, which can only happen after [`kill`](Self::kill).
     #[must_use]
+    #[inline]
     pub fn new(release: impl Fn(&PercpuRef) + Send + Sync + 'static) -> Self {
         Self::with_flags(release, InitFlags::empty())
     }
@@ -258,6 +259,7 @@ impl PercpuRef {
     /// assert!(r.is_percpu() && r.tryget_live());
     /// ```
     #[must_use]
+    #[inline]
     pub fn with_flags(
         release: impl Fn(&PercpuRef) + Send + Sync + 'static,
         flags: InitFlags,
@@ -285,17 +287,17 @@ impl PercpuRef {
     /// let r = PercpuRef::with_backend(|_| {}, InitFlags::empty(), Backend::Sharded).unwrap();
     /// assert_eq!(r.backend(), Backend::Sharded);
     /// ```
+    #[inline]
     pub fn with_backend(
         release: impl Fn(&PercpuRef) + Send + Sync + 'static,
         flags: InitFlags,
         backend: Backend,
     ) -> Result<Self, Error> {
-        if !backend.is_available() {
-            return Err(Error::BackendUnavailable(backend));
-        }
         let atomic = flags.contains(InitFlags::INIT_ATOMIC) || flags.contains(InitFlags::INIT_DEAD);
         let dead = flags.contains(InitFlags::INIT_DEAD);
-        let counters = Counters::new(backend, atomic);
+        let Some(counters) = Counters::new(backend, atomic) else {
+            return Err(Error::BackendUnavailable(backend));
+        };
         let mode = if dead {
             MODE_ATOMIC | MODE_DEAD
         } else if atomic {
@@ -1390,6 +1392,7 @@ impl PercpuRef {
     }
 
     /// Whether a deferred switch of this ref is queued or being completed.
+    #[inline]
     pub(crate) fn is_pending(&self) -> bool {
         // Acquire: pairs with the engine's release when it clears the bit,
         // so what it did to the ref (the sum, the fold, the puts) happens
@@ -1599,10 +1602,20 @@ impl fmt::Debug for PercpuRef {
 /// engine may use the address). A ref dropped by its own `release`, run by
 /// the engine, does not wait: the engine touches nothing of it afterwards.
 impl Drop for PercpuRef {
+    #[inline]
     fn drop(&mut self) {
-        if !self.is_pending() {
-            return;
+        if self.is_pending() {
+            self.drop_pending();
         }
+    }
+}
+
+impl PercpuRef {
+    /// [`Drop`] of a ref whose deferred switch is pending (out of line:
+    /// every ref's drop checks, few wait).
+    #[cold]
+    #[inline(never)]
+    fn drop_pending(&self) {
         if grace::completing(self.addr()) {
             grace::mark_freed();
             return;

@@ -66,12 +66,13 @@
 //! connection or request), so the create/drop path takes no lock: each
 //! thread keeps a cache of up to [`CACHE_MAX`] free slots and moves
 //! [`BATCH`] of them at a time to or from the shared pool, under the lock,
-//! once every `BATCH` creations or drops at most. A slot in a cache is
-//! free and zeroed; it moves between threads only through the pool, so the
-//! lock orders its zeroing before its next owner's use. A thread that
-//! exits gives its cache back. Memory is never returned to the system:
-//! chunks live for the process, and a dropped ref's slot is reused by the
-//! next ref created (on this thread first).
+//! once every `BATCH` creations or drops at most ([`cache`] says how a
+//! thread reaches its cache in a few instructions and gives it back when
+//! it exits). A slot in a cache is free and zeroed; it moves between
+//! threads only through the pool, so the lock orders its zeroing before
+//! its next owner's use. Memory is never returned to the system: chunks
+//! live for the process, and a dropped ref's slot is reused by the next ref
+//! created (on this thread first).
 //!
 //! # Fork
 //!
@@ -90,13 +91,13 @@
 
 use super::cpus::possible_cpus;
 use super::ArenaStats;
+mod cache;
+
 use std::alloc::{self, Layout};
-use std::cell::RefCell;
 use std::cell::UnsafeCell;
 use std::ops::{Deref, DerefMut};
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::Arc;
 
 /// log2 of [`REGION`].
 pub(crate) const REGION_SHIFT: u32 = 16;
@@ -136,8 +137,9 @@ struct Arena {
     fresh_next: usize,
     /// Slots outside the pool: owned by live refs or in a thread's cache.
     out: usize,
-    /// Each thread cache's length, for [`stats`].
-    caches: Vec<Arc<AtomicUsize>>,
+    /// Each registered thread cache's length, for [`stats`] (see
+    /// [`cache::cached`]).
+    caches: Vec<*const AtomicUsize>,
 }
 
 /// The arena's bookkeeping and the lock that guards it (see "Fork" above).
@@ -148,7 +150,9 @@ struct ArenaLock {
 
 // SAFETY: `arena` is only reached through an `ArenaGuard`, and at most one
 // guard exists at a time (`held`); the chunk pointers in it are plain heap
-// memory owned by the arena, usable from any thread.
+// memory owned by the arena, usable from any thread, and the cache
+// lengths are atomics that their threads unregister before they go away
+// (`cache`).
 unsafe impl Sync for ArenaLock {}
 
 static ARENA: ArenaLock = ArenaLock {
@@ -232,10 +236,22 @@ pub(crate) fn prepare_fork() {
     ARENA.acquire();
 }
 
-/// After `fork`, in the parent and in the child: releases the lock taken
-/// by [`prepare_fork`] (in the child, on behalf of its only thread).
+/// After `fork`, in the parent: releases the lock taken by
+/// [`prepare_fork`].
 #[cfg(all(unix, not(miri)))]
-pub(crate) fn after_fork() {
+pub(crate) fn parent_after_fork() {
+    ARENA.release();
+}
+
+/// After `fork`, in the child, on behalf of its only thread: forgets the
+/// thread caches of the threads that did not survive the fork (their
+/// memory is the C library's to reuse or unmap now), then releases the
+/// lock taken by [`prepare_fork`].
+#[cfg(all(unix, not(miri)))]
+pub(crate) fn child_after_fork() {
+    // SAFETY: this thread took the lock in `prepare_fork` and is the only
+    // thread of the child, so nothing else refers to the bookkeeping.
+    cache::forget_other_threads(unsafe { &mut *ARENA.arena.get() });
     ARENA.release();
 }
 
@@ -376,14 +392,14 @@ unsafe impl Send for Slot {}
 unsafe impl Sync for Slot {}
 
 impl Arena {
-    /// Moves up to `n` free slots (released ones first, then fresh ones,
-    /// allocating at most one chunk) from the pool into `into`.
-    fn take(&mut self, n: usize, into: &mut Vec<FreeSlot>) {
+    /// Moves between 1 and `n` free slots (released ones first, then
+    /// fresh ones, allocating at most one chunk) from the pool to `into`.
+    fn take(&mut self, n: usize, mut into: impl FnMut(FreeSlot)) {
         let reused = n.min(self.free.len());
         let start = self.free.len() - reused;
         for i in start..self.free.len() {
             let index = self.free[i];
-            into.push(FreeSlot {
+            into(FreeSlot {
                 index,
                 base: self.slot_base(index as usize),
             });
@@ -397,7 +413,7 @@ impl Arena {
         for i in self.fresh_next..self.fresh_next + fresh {
             let index = u32::try_from(i)
                 .unwrap_or_else(|_| panic!("percpu_ref: the arena is full ({i} slots)"));
-            into.push(FreeSlot {
+            into(FreeSlot {
                 index,
                 base: self.slot_base(i),
             });
@@ -421,87 +437,19 @@ impl Arena {
     }
 }
 
-/// A thread's free slots (see "Thread caches" above).
-struct Cache {
-    slots: RefCell<Vec<FreeSlot>>,
-    /// `slots.len()`, readable by [`stats`] from any thread.
-    len: Arc<AtomicUsize>,
-}
-
-impl Cache {
-    fn new() -> Cache {
-        let len = Arc::new(AtomicUsize::new(0));
-        arena().caches.push(len.clone());
-        Cache {
-            slots: RefCell::new(Vec::with_capacity(CACHE_MAX + 1)),
-            len,
-        }
-    }
-
-    /// A free slot from this thread's cache, refilled from the pool when
-    /// empty; `None` only if the cache is busy (re-entered).
-    fn pop(&self) -> Option<FreeSlot> {
-        let mut slots = self.slots.try_borrow_mut().ok()?;
-        if slots.is_empty() {
-            arena().take(BATCH, &mut slots);
-        }
-        let slot = slots.pop();
-        // ordering-audit: kept: a statistic; `stats` reads it under the
-        // arena lock, and a stale length only skews the live/free split.
-        self.len.store(slots.len(), Ordering::Relaxed);
-        slot
-    }
-
-    /// Keeps a zeroed slot, returning a batch to the pool when full; false
-    /// (and the caller keeps the slot) if the cache is busy.
-    fn push(&self, slot: FreeSlot) -> bool {
-        let Ok(mut slots) = self.slots.try_borrow_mut() else {
-            return false;
-        };
-        slots.push(slot);
-        if slots.len() > CACHE_MAX {
-            let keep = slots.len() - BATCH;
-            arena().give(slots.drain(keep..));
-        }
-        // ordering-audit: kept: a statistic (see `pop`).
-        self.len.store(slots.len(), Ordering::Relaxed);
-        true
-    }
-}
-
-impl Drop for Cache {
-    fn drop(&mut self) {
-        let slots = std::mem::take(self.slots.get_mut());
-        let mut a = arena();
-        a.give(slots.into_iter());
-        a.caches.retain(|c| !Arc::ptr_eq(c, &self.len));
-    }
-}
-
-std::thread_local! {
-    static CACHE: Cache = Cache::new();
-}
-
 impl Slot {
     /// Takes a free slot, zeroed on every CPU: from this thread's cache,
     /// or from the pool when the cache cannot be used (the thread is
-    /// exiting, or the cache is re-entered).
+    /// exiting).
     #[cfg(test)]
     pub(crate) fn alloc() -> Slot {
         Self::alloc_tagged(0)
     }
 
     /// [`alloc`](Self::alloc), with the owner's `tag` (see [`tag`](Self::tag)).
+    #[inline]
     pub(crate) fn alloc_tagged(tag: u8) -> Slot {
-        let free = CACHE
-            .try_with(Cache::pop)
-            .ok()
-            .flatten()
-            .unwrap_or_else(|| {
-                let mut one = Vec::with_capacity(1);
-                arena().take(1, &mut one);
-                one[0]
-            });
+        let free = cache::pop();
         Slot {
             base: free.base,
             index: free.index,
@@ -583,6 +531,7 @@ impl Slot {
     /// Zeroes this slot in every region of its chunk. Writes only the
     /// counters that are not zero: a region page no CPU ever counted on
     /// stays unbacked (reading it maps the shared zero page).
+    #[inline]
     pub(crate) fn zero(&self) {
         for cpu in 0..arena_cpus() {
             // SAFETY: `cpu` is below `arena_cpus()`, the chunk's regions.
@@ -597,17 +546,15 @@ impl Slot {
 }
 
 impl Drop for Slot {
+    #[inline]
     fn drop(&mut self) {
         // Zeroed here, by the thread that owned it last, so that every
         // free slot is zero: a cached slot needs nothing at hand-out.
         self.zero();
-        let free = FreeSlot {
+        cache::push(FreeSlot {
             index: self.index,
             base: self.base,
-        };
-        if !CACHE.try_with(|c| c.push(free)).unwrap_or(false) {
-            arena().give(std::iter::once(free));
-        }
+        });
     }
 }
 
@@ -615,8 +562,7 @@ impl Drop for Slot {
 pub(super) fn stats() -> ArenaStats {
     let a = arena();
     let capacity = a.chunks.len() * SLOTS_PER_CHUNK;
-    // ordering-audit: kept: statistics (see `Cache::pop`).
-    let cached: usize = a.caches.iter().map(|c| c.load(Ordering::Relaxed)).sum();
+    let cached = cache::cached(&a);
     ArenaStats {
         live_slots: a.out.saturating_sub(cached),
         free_slots: a.free.len() + cached,

@@ -140,6 +140,9 @@ pub(crate) fn shard_count() -> usize {
 
 /// Seals fresh (zero) shards, for a ref that starts in atomic mode: no
 /// operation may count on them until a switch to percpu resets them.
+/// Out of line: refs made in atomic mode are the rare case, and inlined
+/// into every ref's creation its loop would cost each one.
+#[inline(never)]
 pub(crate) fn seal_fresh(s: &impl ShardStore) {
     for k in 0..shard_count() {
         // Relaxed: the ref is not shared yet; whatever publishes it

@@ -178,22 +178,7 @@ mod tests {
     /// or give back ids meanwhile.
     #[test]
     fn ids_are_compact_and_reused() {
-        if std::env::var_os("PERCPU_REF_THREAD_ID_CHILD").is_none() {
-            let out = std::process::Command::new(std::env::current_exe().unwrap())
-                .args([
-                    "--exact",
-                    "percpu::thread_id::tests::ids_are_compact_and_reused",
-                ])
-                .args(["--test-threads=1", "--nocapture"])
-                .env("PERCPU_REF_THREAD_ID_CHILD", "1")
-                .output()
-                .unwrap();
-            let text = String::from_utf8_lossy(&out.stderr).into_owned()
-                + &String::from_utf8_lossy(&out.stdout);
-            assert!(
-                out.status.success() && text.contains("1 passed"),
-                "child failed:\n{text}"
-            );
+        if !crate::percpu::alone_in_child("percpu::thread_id::tests::ids_are_compact_and_reused") {
             return;
         }
         let mine = current();
