@@ -2,10 +2,11 @@
 //! for counting instructions per pair with callgrind
 //! (`scripts/callgrind-pair`) or timing one thread quickly.
 //!
-//! Usage: `pair_loop <rseq|sharded|atomic|arc|rseq-churn|sharded-churn|arc-churn> <n>`
+//! Usage: `pair_loop <rseq|sharded|atomic|arc|rseq-churn|sharded-churn|new-churn|arc-churn> <n>`
 //!
 //! The `-churn` variants make a new ref (or `Arc`) per iteration, do one
-//! get + put (clone + drop) on it and drop it.
+//! get + put (clone + drop) on it and drop it; `new-churn` makes it with
+//! `PercpuRef::new` (the default backend), the others with a chosen one.
 //!
 //! Valgrind disables rseq (glibc's registration fails, `__rseq_size` = 0),
 //! so built with `RUSTFLAGS="--cfg percpu_ref_callgrind"` this program
@@ -60,6 +61,19 @@ fn percpu_churn(backend: Backend, n: u64) {
     }
 }
 
+/// `percpu_churn` through `PercpuRef::new`, as users create refs: the
+/// process's default backend, asked for on every creation (rseq, where
+/// the fake area makes it available under callgrind).
+#[inline(never)]
+fn new_churn(n: u64) {
+    for _ in 0..n {
+        let r = PercpuRef::new(|_| {});
+        black_box(&r).get();
+        black_box(&r).put();
+        drop(r);
+    }
+}
+
 /// `n` times: `Arc::new`, clone, drop both.
 #[inline(never)]
 fn arc_churn(n: u64) {
@@ -76,13 +90,13 @@ fn main() {
         (Some(w), Some(Ok(n))) => (w.as_str(), n),
         _ => {
             eprintln!(
-                "usage: pair_loop <rseq|sharded|atomic|arc|rseq-churn|sharded-churn|arc-churn> <n>"
+                "usage: pair_loop <rseq|sharded|atomic|arc|rseq-churn|sharded-churn|new-churn|arc-churn> <n>"
             );
             std::process::exit(2);
         }
     };
     #[cfg(all(percpu_ref_callgrind, percpu_ref_rseq))]
-    if what.starts_with("rseq") {
+    if what.starts_with("rseq") || what == "new-churn" {
         // SAFETY: called first, and this program uses refs on this thread
         // only and never switches them.
         unsafe { percpu_ref::percpu::force_fake_area_for_instruction_counting() };
@@ -103,6 +117,7 @@ fn main() {
         "arc" => arc_pairs(black_box(&Arc::new(0)), black_box(n)),
         "rseq-churn" => percpu_churn(Backend::Rseq, black_box(n)),
         "sharded-churn" => percpu_churn(Backend::Sharded, black_box(n)),
+        "new-churn" => new_churn(black_box(n)),
         "arc-churn" => arc_churn(black_box(n)),
         other => panic!("pair_loop: unknown variant {other:?}"),
     }
