@@ -45,33 +45,26 @@ fn arc_pairs(a: &Arc<u64>, n: u64) {
     }
 }
 
-/// `n` times: a new ref, get + put, drop (what a short-lived object costs).
-/// Each iteration's ref escapes through `black_box(&r)`, so none of it can
-/// be optimised away, and is dropped where it lies, as `arc_churn`'s `Arc`
-/// is (moving the 64-byte ref through `black_box(r)` would add eight moves
-/// that the 8-byte `Arc` does not pay).
+/// `n` times: a ref from `new`, get + put, drop (what a short-lived object
+/// costs). Each iteration's ref escapes through `black_box(&r)`, so none
+/// of it can be optimised away, and is dropped where it lies, as
+/// `arc_churn`'s `Arc` is (moving the 64-byte ref through `black_box(r)`
+/// would add eight moves that the 8-byte `Arc` does not pay).
 #[inline(never)]
-fn percpu_churn(backend: Backend, n: u64) {
+fn percpu_churn(n: u64, new: impl Fn() -> PercpuRef) {
     for _ in 0..n {
-        let r = PercpuRef::with_backend(|_| {}, InitFlags::empty(), backend)
-            .unwrap_or_else(|e| panic!("pair_loop churn: {e}"));
+        let r = new();
         black_box(&r).get();
         black_box(&r).put();
         drop(r);
     }
 }
 
-/// `percpu_churn` through `PercpuRef::new`, as users create refs: the
-/// process's default backend, asked for on every creation (rseq, where
-/// the fake area makes it available under callgrind).
-#[inline(never)]
-fn new_churn(n: u64) {
-    for _ in 0..n {
-        let r = PercpuRef::new(|_| {});
-        black_box(&r).get();
-        black_box(&r).put();
-        drop(r);
-    }
+/// A ref on `backend`, for the churn loops.
+#[inline(always)]
+fn ref_on(backend: Backend) -> PercpuRef {
+    PercpuRef::with_backend(|_| {}, InitFlags::empty(), backend)
+        .unwrap_or_else(|e| panic!("pair_loop churn: {e}"))
 }
 
 /// `n` times: `Arc::new`, clone, drop both.
@@ -115,9 +108,12 @@ fn main() {
         }
         "atomic" => atomic_pairs(black_box(&AtomicUsize::new(1)), black_box(n)),
         "arc" => arc_pairs(black_box(&Arc::new(0)), black_box(n)),
-        "rseq-churn" => percpu_churn(Backend::Rseq, black_box(n)),
-        "sharded-churn" => percpu_churn(Backend::Sharded, black_box(n)),
-        "new-churn" => new_churn(black_box(n)),
+        "rseq-churn" => percpu_churn(black_box(n), || ref_on(Backend::Rseq)),
+        "sharded-churn" => percpu_churn(black_box(n), || ref_on(Backend::Sharded)),
+        // As users create refs: the process's default backend, asked for
+        // on every creation (rseq, where the fake area makes it available
+        // under callgrind).
+        "new-churn" => percpu_churn(black_box(n), || PercpuRef::new(|_| {})),
         "arc-churn" => arc_churn(black_box(n)),
         other => panic!("pair_loop: unknown variant {other:?}"),
     }

@@ -216,7 +216,7 @@
 //!   compile-time assertion keeps that figure true).
 //! - **create and drop** take a slot from, and give it back to, the
 //!   thread's own cache of free slots (no lock, no atomic read-modify-write
-//!   but once per 32): a ref's whole life, new + get + put + drop, is 137
+//!   but once per 32): a ref's whole life, new + get + put + drop, is 142
 //!   instructions on the rseq backend against 178 for `Arc::new` + clone +
 //!   drop (callgrind; CI fails if it is more than `Arc`'s). The drop zeroes
 //!   the ref's counter on every possible CPU, so that part grows with the
