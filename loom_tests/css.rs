@@ -8,7 +8,7 @@
 //! `cgroup_mutex`.
 //!
 //! Run: `RUSTFLAGS="--cfg loom" cargo test --release --features css --test loom_css`
-#![cfg(loom)]
+#![cfg(percpu_ref_loom)]
 
 use loom::sync::atomic::{AtomicBool, Ordering};
 use loom::sync::Arc;

@@ -2,7 +2,7 @@
 //! switches, batches, shared grace periods and `flush`.
 //!
 //! There is no engine thread under loom: a model drives it with
-//! `percpu_ref::__loom_engine::step()` from one of its threads (one step =
+//! `percpu_ref::loom_support::step()` from one of its threads (one step =
 //! take the queue as a batch, run its grace period, complete each ref),
 //! and `flush` and `Drop` run steps themselves when they must wait. The
 //! engine's state is fresh for every execution.
@@ -22,14 +22,14 @@
 //! `scripts/loom-mutants` runs every model against the engine's mutants
 //! (`engine_*`, grep `mutant engine_`) and the others.
 
-#![cfg(loom)]
+#![cfg(percpu_ref_loom)]
 
 mod common;
 use common::{check, models};
 
 use loom::sync::atomic::{AtomicBool, AtomicUsize, Ordering::SeqCst};
 use loom::thread;
-use percpu_ref::__loom_engine::step;
+use percpu_ref::loom_support::step;
 use percpu_ref::{Backend, InitFlags, PercpuRef};
 use std::pin::Pin;
 use std::sync::Arc;
@@ -303,7 +303,7 @@ fn two_sync_kills(backend: Backend) {
     };
     b.kill_and_confirm(pb.confirm()).unwrap();
     other.join().unwrap();
-    let n = percpu_ref::__loom_engine::grace_periods();
+    let n = percpu_ref::loom_support::grace_periods();
     assert!((1..=2).contains(&n), "{n} grace periods for two kills");
     if n == 1 {
         SHARED.store(true, std::sync::atomic::Ordering::Relaxed);

@@ -7,7 +7,7 @@
 //! so a double or missing drop of `T` fails the model.
 //!
 //! Run: `RUSTFLAGS="--cfg loom" cargo test --release --test loom_owned`
-#![cfg(loom)]
+#![cfg(percpu_ref_loom)]
 
 mod common;
 use common::check;
@@ -135,14 +135,14 @@ fn deferred_owner_drop_races_ref_drop_and_engine() {
         drop(owner);
         assert!(w.tryget_live().is_none(), "dying once the drop returned");
         let engine = thread::spawn(|| {
-            percpu_ref::__loom_engine::step();
+            percpu_ref::loom_support::step();
         });
         t.join().unwrap();
         engine.join().unwrap();
         percpu_ref::flush();
         assert!(w.tryget().is_none(), "not released");
         drop(w);
-        assert_eq!(percpu_ref::owned::__loom_live_blocks(), 0, "a block leaked");
+        assert_eq!(percpu_ref::loom_support::live_blocks(), 0, "a block leaked");
     });
 }
 

@@ -17,7 +17,7 @@
 //! runs every model against every mutant (`--cfg percpu_ref_mutant="..."`)
 //! and prints which models catch which mutant.
 
-#![cfg(loom)]
+#![cfg(percpu_ref_loom)]
 
 mod common;
 use common::models;

@@ -263,7 +263,7 @@ impl AtomicCount {
     }
 }
 
-#[cfg(all(test, not(loom)))]
+#[cfg(all(test, not(percpu_ref_loom)))]
 mod tests {
     use super::*;
 

@@ -110,7 +110,7 @@
 //! # Under loom
 //!
 //! There is no background thread: a model drives the engine with
-//! `percpu_ref::__loom_engine::step()` from a loom thread, and `flush`
+//! `percpu_ref::loom_support::step()` from a loom thread, and `flush`
 //! runs steps itself. The engine's state is a `loom::lazy_static`, fresh
 //! for every execution.
 
@@ -120,12 +120,12 @@ use std::cell::Cell;
 /// The most a woken engine waits for more switches before running the
 /// batch's grace period: bounds a steady stream's membarrier rate to about
 /// 1000 per second, and a lone kill's latency to about a millisecond.
-#[cfg(not(loom))]
+#[cfg(not(percpu_ref_loom))]
 pub(crate) const BATCH_DELAY: std::time::Duration = std::time::Duration::from_millis(1);
 /// A batch this large runs its grace period without waiting any longer: a
 /// burst costs one membarrier per 4096 switches (the design asks for at
 /// most one per 1000), and a batch's completion stays a few milliseconds of work.
-#[cfg(not(loom))]
+#[cfg(not(percpu_ref_loom))]
 pub(crate) const BATCH_FULL: usize = 4096;
 
 /// A closure that an entry carries for its completion function (for a
@@ -199,10 +199,16 @@ struct Queue {
     /// Entries ever queued: the next entry's ticket is `queued + 1`.
     queued: u64,
     /// The engine thread exists (never under loom).
-    #[cfg_attr(loom, allow(dead_code, reason = "no engine thread under loom"))]
+    #[cfg_attr(
+        percpu_ref_loom,
+        allow(dead_code, reason = "no engine thread under loom")
+    )]
     running: bool,
     /// The engine waits for work: the next enqueue must wake it.
-    #[cfg_attr(loom, allow(dead_code, reason = "no engine thread under loom"))]
+    #[cfg_attr(
+        percpu_ref_loom,
+        allow(dead_code, reason = "no engine thread under loom")
+    )]
     sleeping: bool,
     /// A flush waits: run the next batch without gathering.
     urgent: bool,
@@ -229,13 +235,16 @@ struct Engine {
     gp: Mutex<()>,
     queue: Mutex<Queue>,
     /// Wakes the engine thread.
-    #[cfg_attr(loom, allow(dead_code, reason = "no engine thread under loom"))]
+    #[cfg_attr(
+        percpu_ref_loom,
+        allow(dead_code, reason = "no engine thread under loom")
+    )]
     work: Condvar,
     done: Mutex<Done>,
     /// Signalled when a batch finished: [`flush`] and [`wait_until`].
     done_cv: Condvar,
     /// Under loom, one step at a time (the engine thread's role).
-    #[cfg(loom)]
+    #[cfg(percpu_ref_loom)]
     step: Mutex<()>,
 }
 
@@ -262,19 +271,19 @@ macro_rules! new_engine {
                 in_flight: false,
             }),
             done_cv: Condvar::new(),
-            #[cfg(loom)]
+            #[cfg(percpu_ref_loom)]
             step: Mutex::new(()),
         }
     };
 }
 
-#[cfg(not(loom))]
+#[cfg(not(percpu_ref_loom))]
 fn engine() -> &'static Engine {
     static ENGINE: Engine = new_engine!();
     &ENGINE
 }
 
-#[cfg(loom)]
+#[cfg(percpu_ref_loom)]
 fn engine() -> &'static Engine {
     loom::lazy_static! {
         static ref ENGINE: Engine = new_engine!();
@@ -309,9 +318,9 @@ macro_rules! engine_thread_locals {
         }
     };
 }
-#[cfg(not(loom))]
+#[cfg(not(percpu_ref_loom))]
 engine_thread_locals!(const);
-#[cfg(loom)]
+#[cfg(percpu_ref_loom)]
 engine_thread_locals!();
 
 // ----- grace periods ---------------------------------------------------------
@@ -372,11 +381,11 @@ pub(crate) fn synchronize(cookie: u64) -> std::io::Result<()> {
     if shared && e.completed.load(Ordering::Relaxed) >= cookie {
         return Ok(());
     }
-    #[cfg(not(loom))]
+    #[cfg(not(percpu_ref_loom))]
     if contended {
         gather(e);
     }
-    #[cfg(loom)]
+    #[cfg(percpu_ref_loom)]
     let _ = contended;
     run_grace_period_locked(e)
 }
@@ -401,7 +410,7 @@ fn run_grace_period_locked(e: &Engine) -> std::io::Result<()> {
 /// Without it, two threads killing in a loop alternate perfectly (each
 /// arrives while the other's grace period runs, and needs the next one),
 /// and no grace period is ever shared. Never taken by a lone switcher.
-#[cfg(not(loom))]
+#[cfg(not(percpu_ref_loom))]
 fn gather(e: &Engine) {
     // ordering-audit: Relaxed: only hints; a switch that misses the flag
     // just makes this wait the whole time. The cookie's own RMW on
@@ -422,7 +431,7 @@ fn gather(e: &Engine) {
 /// fold, puts and the next switch's first steps, about 1-2 us), and about
 /// what the membarrier it may save costs when another CPU runs one of our
 /// threads (4-9 us).
-#[cfg(not(loom))]
+#[cfg(not(percpu_ref_loom))]
 const GATHER: std::time::Duration = std::time::Duration::from_micros(5);
 
 /// A synchronous switch's grace period: it set `ATOMIC` before calling.
@@ -450,7 +459,7 @@ pub(crate) fn enqueue(entry: Entry) {
     let mut q = sync::lock(&e.queue);
     q.entries.push(entry);
     q.queued += 1;
-    #[cfg(not(loom))]
+    #[cfg(not(percpu_ref_loom))]
     {
         let refused = if q.running {
             if q.sleeping || q.entries.len() == BATCH_FULL {
@@ -519,7 +528,7 @@ fn run_grace_period(cookie: u64, waiting: usize) {
             );
             reported = true;
         }
-        #[cfg(not(loom))]
+        #[cfg(not(percpu_ref_loom))]
         std::thread::sleep(std::time::Duration::from_millis(10));
     }
 }
@@ -638,7 +647,7 @@ fn wait_done(mut pending: impl FnMut(&Done) -> bool) {
     let e = engine();
     let mut d = sync::lock(&e.done);
     while pending(&d) {
-        #[cfg(loom)]
+        #[cfg(percpu_ref_loom)]
         {
             // No engine thread: drive one step (if another loom thread is
             // running one, `step` waits for it).
@@ -646,7 +655,7 @@ fn wait_done(mut pending: impl FnMut(&Done) -> bool) {
             loom_step();
             d = sync::lock(&e.done);
         }
-        #[cfg(not(loom))]
+        #[cfg(not(percpu_ref_loom))]
         {
             d = sync::wait(&e.done_cv, d);
         }
@@ -659,7 +668,7 @@ fn wait_done(mut pending: impl FnMut(&Done) -> bool) {
 }
 
 /// Under loom: the grace periods started so far.
-#[cfg(loom)]
+#[cfg(percpu_ref_loom)]
 pub(crate) fn started() -> u64 {
     // ordering-audit: kept: a model's check after joining its threads
     // (which orders everything already); not part of the protocol.
@@ -667,8 +676,8 @@ pub(crate) fn started() -> u64 {
 }
 
 /// Under loom: one engine step on the calling thread (see
-/// `crate::__loom_engine::step`).
-#[cfg(loom)]
+/// `crate::loom_support::step`).
+#[cfg(percpu_ref_loom)]
 pub(crate) fn loom_step() -> bool {
     let e = engine();
     let _step = sync::lock(&e.step);
@@ -723,7 +732,7 @@ pub(crate) fn hurry() {
         return;
     }
     q.urgent = true;
-    #[cfg(not(loom))]
+    #[cfg(not(percpu_ref_loom))]
     {
         let refused = if q.running {
             // Also while it gathers: `urgent` ends the wait.
@@ -744,7 +753,7 @@ pub(crate) fn hurry() {
 /// thread, it takes the queue and returns it, for the caller to complete
 /// on its own thread once it dropped the lock ([`complete_refused`]), so
 /// no ref stays pending.
-#[cfg(not(loom))]
+#[cfg(not(percpu_ref_loom))]
 #[must_use]
 fn start_engine(q: &mut Queue) -> Option<Batch> {
     let spawned = std::thread::Builder::new()
@@ -780,14 +789,14 @@ fn start_engine(q: &mut Queue) -> Option<Batch> {
 /// the engine meanwhile: its callbacks see [`on_engine`], so a `flush` or
 /// a wait for a queued ref from inside one is refused as on the engine
 /// (it would wait for the batch this thread is completing).
-#[cfg(not(loom))]
+#[cfg(not(percpu_ref_loom))]
 fn complete_refused(batch: Option<Batch>) {
     if let Some(batch) = batch {
         complete_standing_in(batch);
     }
 }
 
-#[cfg(not(loom))]
+#[cfg(not(percpu_ref_loom))]
 fn engine_main() {
     ON_ENGINE.with(|o| o.set(true));
     while let Some(batch) = wait_for_batch() {
@@ -802,7 +811,7 @@ fn engine_main() {
 /// Under Miri the thread ends instead of sleeping (`None`), and whoever
 /// waits for the engine joins it (`join_idle_engine`): Miri requires
 /// every thread to have ended when `main` returns.
-#[cfg(not(loom))]
+#[cfg(not(percpu_ref_loom))]
 fn wait_for_batch() -> Option<Batch> {
     let e = engine();
     let mut q = sync::lock(&e.queue);
@@ -855,7 +864,7 @@ fn join_idle_engine(e: &Engine) {
 // ----- fork ------------------------------------------------------------------------
 
 /// The engine's locks, held by the forking thread across `fork`.
-#[cfg(all(unix, not(miri), not(loom)))]
+#[cfg(all(unix, not(miri), not(percpu_ref_loom)))]
 struct ForkLocks {
     queue: sync::MutexGuard<'static, Queue>,
     _done: sync::MutexGuard<'static, Done>,
@@ -865,7 +874,7 @@ struct ForkLocks {
 /// Where the forking thread keeps [`ForkLocks`] from [`prepare_fork`] to
 /// the `*_after_fork` handler. A static, not a thread-local: a `fork` from a
 /// thread-local's destructor would find a thread-local destroyed.
-#[cfg(all(unix, not(miri), not(loom)))]
+#[cfg(all(unix, not(miri), not(percpu_ref_loom)))]
 struct ForkSlot(std::cell::UnsafeCell<Option<ForkLocks>>);
 
 // SAFETY: only the thread that holds the engine's queue lock touches the
@@ -873,10 +882,10 @@ struct ForkSlot(std::cell::UnsafeCell<Option<ForkLocks>>);
 // handler of the same `fork` (on the same thread, still holding it) empties
 // it and drops the guards. A second forking thread blocks on the lock
 // before it reaches the slot.
-#[cfg(all(unix, not(miri), not(loom)))]
+#[cfg(all(unix, not(miri), not(percpu_ref_loom)))]
 unsafe impl Sync for ForkSlot {}
 
-#[cfg(all(unix, not(miri), not(loom)))]
+#[cfg(all(unix, not(miri), not(percpu_ref_loom)))]
 static FORK_LOCKS: ForkSlot = ForkSlot(std::cell::UnsafeCell::new(None));
 
 /// Takes the locks out of [`FORK_LOCKS`].
@@ -884,7 +893,7 @@ static FORK_LOCKS: ForkSlot = ForkSlot(std::cell::UnsafeCell::new(None));
 /// # Safety
 ///
 /// The caller is the thread that holds them (an `*_after_fork` handler).
-#[cfg(all(unix, not(miri), not(loom)))]
+#[cfg(all(unix, not(miri), not(percpu_ref_loom)))]
 unsafe fn take_fork_locks() -> Option<ForkLocks> {
     // SAFETY: the caller holds the queue lock (see `ForkSlot`).
     unsafe { (*FORK_LOCKS.0.get()).take() }
@@ -893,7 +902,7 @@ unsafe fn take_fork_locks() -> Option<ForkLocks> {
 /// Before `fork`: waits until no batch is in flight (unless this thread is
 /// the engine), then takes the queue, completion and gp locks, so that the
 /// child finds them free and no batch half done.
-#[cfg(all(unix, not(miri), not(loom)))]
+#[cfg(all(unix, not(miri), not(percpu_ref_loom)))]
 pub(crate) fn prepare_fork() {
     let e = engine();
     let engine_thread = on_engine();
@@ -923,7 +932,7 @@ pub(crate) fn prepare_fork() {
 }
 
 /// After `fork`, in the parent: releases the locks.
-#[cfg(all(unix, not(miri), not(loom)))]
+#[cfg(all(unix, not(miri), not(percpu_ref_loom)))]
 pub(crate) fn parent_after_fork() {
     // SAFETY: `fork` runs this on the thread whose `prepare_fork` took them.
     drop(unsafe { take_fork_locks() });
@@ -932,7 +941,7 @@ pub(crate) fn parent_after_fork() {
 /// After `fork`, in the child: the engine thread is gone (unless the child
 /// is it), so the next deferred switch or flush starts one; then releases
 /// the locks.
-#[cfg(all(unix, not(miri), not(loom)))]
+#[cfg(all(unix, not(miri), not(percpu_ref_loom)))]
 pub(crate) fn child_after_fork() {
     let engine_thread = on_engine();
     // SAFETY: `fork` runs this in the child on the thread whose

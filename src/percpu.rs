@@ -50,19 +50,19 @@
 //! The backend is chosen once per process ([`backend`]) and can be overridden
 //! per ref for comparisons ([`PercpuRef::with_backend`](crate::PercpuRef::with_backend)).
 
-#[cfg(not(loom))]
+#[cfg(not(percpu_ref_loom))]
 mod arena;
 pub(crate) mod cpus;
-#[cfg(all(percpu_ref_delay, not(loom)))]
+#[cfg(all(percpu_ref_delay, not(percpu_ref_loom)))]
 mod delay;
-#[cfg(loom)]
+#[cfg(percpu_ref_loom)]
 mod model;
 #[cfg(percpu_ref_rseq)]
 mod rseq;
 #[cfg(percpu_ref_rseq)]
 mod rseq_abi;
 mod sharded;
-#[cfg(not(loom))]
+#[cfg(not(percpu_ref_loom))]
 mod thread_id;
 
 /// Runs the unit test `test` (its path, as `cargo test --exact` takes it)
@@ -71,7 +71,7 @@ mod thread_id;
 /// change meanwhile. True in that child, which runs the test's body; false
 /// in the parent, once the child passed (it panics with the child's
 /// output if not).
-#[cfg(all(test, not(loom)))]
+#[cfg(all(test, not(percpu_ref_loom)))]
 fn alone_in_child(test: &str) -> bool {
     const VAR: &str = "PERCPU_REF_TEST_CHILD";
     if std::env::var_os(VAR).is_some_and(|v| v == test) {
@@ -94,7 +94,7 @@ fn alone_in_child(test: &str) -> bool {
 use crate::sync::AtomicUsize;
 use std::fmt;
 
-#[cfg(all(unix, not(miri), not(loom)))]
+#[cfg(all(unix, not(miri), not(percpu_ref_loom)))]
 pub(crate) use arena::{
     child_after_fork as arena_child_after_fork, parent_after_fork as arena_parent_after_fork,
     prepare_fork as arena_prepare_fork,
@@ -146,11 +146,11 @@ pub struct ArenaStats {
 /// ```
 #[must_use]
 pub fn arena_stats() -> ArenaStats {
-    #[cfg(not(loom))]
+    #[cfg(not(percpu_ref_loom))]
     {
         arena::stats()
     }
-    #[cfg(loom)]
+    #[cfg(percpu_ref_loom)]
     {
         ArenaStats::default()
     }
@@ -329,7 +329,7 @@ pub fn current_index() -> Option<u32> {
     )
 )]
 pub(crate) fn grace_period() -> std::io::Result<()> {
-    #[cfg(loom)]
+    #[cfg(percpu_ref_loom)]
     model::grace_period();
     #[cfg(percpu_ref_rseq)]
     rseq_abi::grace_period()?;
@@ -422,11 +422,11 @@ impl Backend {
         match self {
             Backend::Sharded => true,
             // Under loom, `Rseq` is the model of the rseq backend.
-            #[cfg(loom)]
+            #[cfg(percpu_ref_loom)]
             Backend::Rseq => true,
             #[cfg(percpu_ref_rseq)]
             Backend::Rseq => rseq_abi::available(),
-            #[cfg(not(any(loom, percpu_ref_rseq)))]
+            #[cfg(not(any(percpu_ref_loom, percpu_ref_rseq)))]
             Backend::Rseq => false,
         }
     }
@@ -453,11 +453,11 @@ impl fmt::Display for Backend {
 #[must_use]
 #[inline]
 pub fn backend() -> Backend {
-    #[cfg(loom)]
+    #[cfg(percpu_ref_loom)]
     {
         Backend::Sharded
     }
-    #[cfg(not(loom))]
+    #[cfg(not(percpu_ref_loom))]
     {
         // Inlined: `PercpuRef::new` asks on every creation, and once
         // chosen this is one load and one compare.
@@ -477,16 +477,16 @@ pub fn backend() -> Backend {
 /// `OnceLock`: a fork while another thread runs the detection would leave
 /// the child waiting for it forever. Racing threads each detect; the first
 /// choice stored is everyone's.
-#[cfg(not(loom))]
+#[cfg(not(percpu_ref_loom))]
 static CHOSEN: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(0);
-#[cfg(not(loom))]
+#[cfg(not(percpu_ref_loom))]
 const RSEQ: u8 = 1;
-#[cfg(not(loom))]
+#[cfg(not(percpu_ref_loom))]
 const SHARDED: u8 = 2;
 
 /// The first [`backend`]: detects, stores the choice unless a racing
 /// thread stored first, and prints the warning of the choice that stood.
-#[cfg(not(loom))]
+#[cfg(not(percpu_ref_loom))]
 #[cold]
 #[inline(never)]
 fn choose_backend() -> u8 {
@@ -512,12 +512,12 @@ fn choose_backend() -> u8 {
 }
 
 /// The environment variable that overrides the default backend.
-#[cfg(not(loom))]
+#[cfg(not(percpu_ref_loom))]
 const BACKEND_VAR: &str = "PERCPU_REF_BACKEND";
 
 /// The backend for this process, and the warning to print about
 /// `PERCPU_REF_BACKEND` if its value was not honoured.
-#[cfg(not(loom))]
+#[cfg(not(percpu_ref_loom))]
 #[allow(
     clippy::unnecessary_debug_formatting,
     reason = "the value is quoted and escaped on purpose: a stray space or a non-UTF-8 byte shows"
@@ -566,16 +566,16 @@ pub(crate) struct Counters {
     /// (sharded) is at `slot.base() + c * REGION`. On the rseq backend the
     /// base is the kernel's `percpu_count_ptr`.
     /// Its tag is the backend ([`Backend`] as `u8`).
-    #[cfg(not(loom))]
+    #[cfg(not(percpu_ref_loom))]
     slot: arena::Slot,
     /// Under loom the counters are loom objects (`percpu/model.rs`, or the
     /// sharded protocol on a boxed slice).
-    #[cfg(loom)]
+    #[cfg(percpu_ref_loom)]
     kind: Kind,
 }
 
 /// Under loom, the backend-specific part.
-#[cfg(loom)]
+#[cfg(percpu_ref_loom)]
 enum Kind {
     Sharded(sharded::Shards),
     /// The model of the rseq backend.
@@ -602,7 +602,7 @@ impl Counters {
         // this asks on every backend (one load once decided).
         #[cfg(percpu_ref_rseq)]
         let rseq_available = rseq_abi::available();
-        #[cfg(not(loom))]
+        #[cfg(not(percpu_ref_loom))]
         {
             match backend {
                 Backend::Sharded => {}
@@ -616,7 +616,7 @@ impl Counters {
             }
             Some(Counters { slot })
         }
-        #[cfg(loom)]
+        #[cfg(percpu_ref_loom)]
         {
             let kind = match backend {
                 Backend::Sharded => {
@@ -635,7 +635,7 @@ impl Counters {
     /// The backend these counters live on.
     #[inline]
     pub(crate) fn backend(&self) -> Backend {
-        #[cfg(not(loom))]
+        #[cfg(not(percpu_ref_loom))]
         {
             if self.slot.tag() == Backend::Rseq as u8 {
                 Backend::Rseq
@@ -643,7 +643,7 @@ impl Counters {
                 Backend::Sharded
             }
         }
-        #[cfg(loom)]
+        #[cfg(percpu_ref_loom)]
         match self.kind {
             Kind::Sharded(_) => Backend::Sharded,
             Kind::Model(_) => Backend::Rseq,
@@ -714,9 +714,9 @@ impl Counters {
     ///
     /// As [`try_add_raw`](Self::try_add_raw).
     #[inline(always)]
-    #[cfg_attr(not(loom), allow(unused_variables))] // `mode`: only the model reads it
+    #[cfg_attr(not(percpu_ref_loom), allow(unused_variables))] // `mode`: only the model reads it
     unsafe fn try_add_other(this: *const Self, mode: &AtomicUsize, delta: u64) -> bool {
-        #[cfg(not(loom))]
+        #[cfg(not(percpu_ref_loom))]
         let shard: *const crate::sync::AtomicU64 = {
             // SAFETY: the caller's reference keeps `*this` alive; this
             // borrow ends before the add, which goes through an atomic.
@@ -727,7 +727,7 @@ impl Counters {
             sharded::shard(slot)
         };
         // SAFETY: as above.
-        #[cfg(loom)]
+        #[cfg(percpu_ref_loom)]
         let shard: *const crate::sync::AtomicU64 = match unsafe { &(*this).kind } {
             Kind::Sharded(s) => sharded::shard(s),
             // Not run under Miri: the borrow may last across the add.
@@ -751,12 +751,12 @@ impl Counters {
     /// [`needs_grace_period`](Self::needs_grace_period)); the sharded
     /// backend seals its shards here.
     pub(crate) fn sum_after_grace_period(&self) -> u64 {
-        #[cfg(not(loom))]
+        #[cfg(not(percpu_ref_loom))]
         match self.backend() {
             Backend::Rseq => self.slot.sum(),
             Backend::Sharded => sharded::seal_and_sum(&self.slot),
         }
-        #[cfg(loom)]
+        #[cfg(percpu_ref_loom)]
         match &self.kind {
             Kind::Sharded(s) => sharded::seal_and_sum(s),
             Kind::Model(s) => s.sum(),
@@ -765,13 +765,13 @@ impl Counters {
 
     /// Zeroes every counter (mode is atomic and sealed, lock held).
     pub(crate) fn reset(&self) {
-        #[cfg(not(loom))]
+        #[cfg(not(percpu_ref_loom))]
         match self.backend() {
             // After the grace period nothing writes the slot: plain zeroes.
             Backend::Rseq => self.slot.zero(),
             Backend::Sharded => sharded::reset(&self.slot),
         }
-        #[cfg(loom)]
+        #[cfg(percpu_ref_loom)]
         match &self.kind {
             Kind::Sharded(s) => sharded::reset(s),
             Kind::Model(s) => s.reset(),
@@ -787,11 +787,11 @@ impl Counters {
         )
     )]
     pub(crate) fn storage_bytes(&self) -> usize {
-        #[cfg(not(loom))]
+        #[cfg(not(percpu_ref_loom))]
         {
             8 * arena::arena_cpus()
         }
-        #[cfg(loom)]
+        #[cfg(percpu_ref_loom)]
         match &self.kind {
             Kind::Sharded(_) => 8 * sharded::shard_count(),
             Kind::Model(s) => s.storage_bytes(),

@@ -188,7 +188,7 @@ pub struct PercpuRef {
 // The size the docs quote (crate docs, `percpu/arena.rs`,
 // docs/performance.md, docs/design.md): 64 bytes on 64-bit Linux, where the
 // std mutex is one futex word. Other targets' mutexes differ in size.
-#[cfg(all(target_os = "linux", target_pointer_width = "64", not(loom)))]
+#[cfg(all(target_os = "linux", target_pointer_width = "64", not(percpu_ref_loom)))]
 const _: () = assert!(
     std::mem::size_of::<PercpuRef>() == 64,
     "PercpuRef is no longer 64 bytes: update the docs that quote its size"
@@ -1093,9 +1093,9 @@ impl PercpuRef {
         )
     )]
     pub(crate) fn hurry_deferred_switch(&self) {
-        #[cfg(loom)]
+        #[cfg(percpu_ref_loom)]
         while grace::loom_step() {}
-        #[cfg(not(loom))]
+        #[cfg(not(percpu_ref_loom))]
         if self.is_pending() {
             grace::hurry();
         }

@@ -8,29 +8,29 @@
 /// Only under loom: a cell whose accesses loom tracks, so that memory that a
 /// thread frees can be made visible to the checker as a write (the owned
 /// layer's block, see `owned::drop_unit`).
-#[cfg(loom)]
+#[cfg(percpu_ref_loom)]
 pub(crate) use loom::cell::UnsafeCell;
-#[cfg(loom)]
+#[cfg(percpu_ref_loom)]
 pub(crate) use loom::sync::atomic::AtomicBool;
-#[cfg(all(loom, feature = "css"))]
+#[cfg(all(percpu_ref_loom, feature = "css"))]
 pub(crate) use loom::sync::atomic::AtomicPtr;
-#[cfg(loom)]
+#[cfg(percpu_ref_loom)]
 pub(crate) use loom::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-#[cfg(loom)]
+#[cfg(percpu_ref_loom)]
 pub(crate) use loom::sync::{Condvar, Mutex, MutexGuard};
-#[cfg(loom)]
+#[cfg(percpu_ref_loom)]
 pub(crate) use loom::thread_local;
 
-#[cfg(not(loom))]
+#[cfg(not(percpu_ref_loom))]
 pub(crate) use std::sync::atomic::AtomicBool;
-#[cfg(not(loom))]
+#[cfg(not(percpu_ref_loom))]
 pub(crate) use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 // Only the css model uses this.
-#[cfg(all(not(loom), feature = "css"))]
+#[cfg(all(not(percpu_ref_loom), feature = "css"))]
 pub(crate) use std::sync::atomic::AtomicPtr;
-#[cfg(not(loom))]
+#[cfg(not(percpu_ref_loom))]
 pub(crate) use std::sync::{Condvar, Mutex, MutexGuard};
-#[cfg(not(loom))]
+#[cfg(not(percpu_ref_loom))]
 pub(crate) use std::thread_local;
 
 /// Locks `m`, ignoring poisoning.
@@ -46,7 +46,7 @@ pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 /// Waits on `cv`, ignoring poisoning (as [`lock`]).
-#[cfg(not(loom))]
+#[cfg(not(percpu_ref_loom))]
 pub(crate) fn wait<'a, T>(cv: &Condvar, g: MutexGuard<'a, T>) -> MutexGuard<'a, T> {
     match cv.wait(g) {
         Ok(g) => g,
@@ -68,9 +68,9 @@ pub(crate) fn try_lock<T>(m: &Mutex<T>) -> Option<MutexGuard<'_, T>> {
 /// Used to detect a switch operation called from inside its own confirm
 /// callback (which would otherwise deadlock on the switch lock).
 pub(crate) fn thread_token() -> usize {
-    #[cfg(loom)]
+    #[cfg(percpu_ref_loom)]
     loom::thread_local! { static TOKEN: u8 = 0; }
-    #[cfg(not(loom))]
+    #[cfg(not(percpu_ref_loom))]
     std::thread_local! { static TOKEN: u8 = const { 0 }; }
     TOKEN.with(|t| std::ptr::from_ref(t) as usize)
 }

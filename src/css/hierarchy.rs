@@ -388,7 +388,7 @@ pub(crate) struct Inner {
     /// Grace-period work not yet run (queued to crossbeam-epoch, or held
     /// for `flush` under loom).
     rcu_pending: AtomicUsize,
-    #[cfg(loom)]
+    #[cfg(percpu_ref_loom)]
     rcu_list: Mutex<Vec<Work>>,
     /// Non-root csses allocated and not yet freed.
     nr_css: AtomicUsize,
@@ -578,7 +578,7 @@ impl Inner {
         // ordering-audit: Relaxed: made under cgroup_mutex, which `flush_inner` holds when it reads
         // the count.
         self.rcu_pending.fetch_add(1, Ordering::Relaxed);
-        #[cfg(not(loom))]
+        #[cfg(not(percpu_ref_loom))]
         {
             let inner = self.clone();
             rcu::call_rcu(move || {
@@ -594,7 +594,7 @@ impl Inner {
                 }
             });
         }
-        #[cfg(loom)]
+        #[cfg(percpu_ref_loom)]
         sync::lock(&self.rcu_list).push(w);
     }
 
@@ -791,7 +791,7 @@ impl Hierarchy {
             mutex_owner: std::sync::atomic::AtomicUsize::new(0),
             destroy_wq: Mutex::new(VecDeque::new()),
             rcu_pending: AtomicUsize::new(0),
-            #[cfg(loom)]
+            #[cfg(percpu_ref_loom)]
             rcu_list: Mutex::new(Vec::new()),
             nr_css: AtomicUsize::new(0),
             orphan_panic: Mutex::new(None),
@@ -1185,7 +1185,7 @@ impl Hierarchy {
             if done {
                 return true;
             }
-            #[cfg(loom)]
+            #[cfg(percpu_ref_loom)]
             {
                 let due: Vec<Work> = std::mem::take(&mut *sync::lock(&self.inner.rcu_list));
                 for w in due {
@@ -1195,7 +1195,7 @@ impl Hierarchy {
                     self.inner.rcu_pending.fetch_sub(1, Ordering::Relaxed);
                 }
             }
-            #[cfg(not(loom))]
+            #[cfg(not(percpu_ref_loom))]
             {
                 rcu::advance();
                 if attempt > 100 {

@@ -31,7 +31,7 @@ struct IdAlloc {
 
 /// `n` null slots, from one zeroed allocation (a loop of `AtomicPtr::new`
 /// over the default 65536 slots takes seconds under Miri).
-#[cfg(not(loom))]
+#[cfg(not(percpu_ref_loom))]
 fn null_slots(n: usize) -> Box<[AtomicPtr<Css>]> {
     use std::alloc::{alloc_zeroed, handle_alloc_error, Layout};
     assert!(n > 0);
@@ -54,7 +54,7 @@ fn null_slots(n: usize) -> Box<[AtomicPtr<Css>]> {
 }
 
 /// loom's `AtomicPtr` is a tracked object, not plain memory.
-#[cfg(loom)]
+#[cfg(percpu_ref_loom)]
 fn null_slots(n: usize) -> Box<[AtomicPtr<Css>]> {
     (0..n).map(|_| AtomicPtr::new(ptr::null_mut())).collect()
 }

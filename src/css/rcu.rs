@@ -20,9 +20,9 @@
 #[must_use = "the read section ends when the guard is dropped, and a css found under it may \
               then be freed"]
 pub struct RcuGuard {
-    #[cfg(not(loom))]
+    #[cfg(not(percpu_ref_loom))]
     _guard: crossbeam_epoch::Guard,
-    #[cfg(loom)]
+    #[cfg(percpu_ref_loom)]
     _guard: (),
 }
 
@@ -35,9 +35,9 @@ impl std::fmt::Debug for RcuGuard {
 /// Enters an RCU read section.
 pub(crate) fn read_lock() -> RcuGuard {
     RcuGuard {
-        #[cfg(not(loom))]
+        #[cfg(not(percpu_ref_loom))]
         _guard: crossbeam_epoch::pin(),
-        #[cfg(loom)]
+        #[cfg(percpu_ref_loom)]
         _guard: (),
     }
 }
@@ -49,7 +49,7 @@ pub(crate) fn read_lock() -> RcuGuard {
 /// unwinding into crossbeam-epoch's collector would drop the rest of its
 /// batch of deferred functions unrun. The css model's callers keep the
 /// panics they care about before that (see `Inner::queue_work`).
-#[cfg(not(loom))]
+#[cfg(not(percpu_ref_loom))]
 pub(crate) fn call_rcu(f: impl FnOnce() + Send + 'static) {
     let guard = crossbeam_epoch::pin();
     guard.defer(move || {
@@ -62,7 +62,7 @@ pub(crate) fn call_rcu(f: impl FnOnce() + Send + 'static) {
 
 /// Helps the grace period along: tries to advance the epoch and runs
 /// deferred work that became due.
-#[cfg(not(loom))]
+#[cfg(not(percpu_ref_loom))]
 pub(crate) fn advance() {
     crossbeam_epoch::pin().flush();
 }

@@ -152,7 +152,7 @@ pub struct Css {
     /// track. Written once initialised, read by every lock-free lookup, so
     /// that loom sees a lookup that finds the css before it happens-after
     /// the initialisation (see `loom_tests/css.rs`, `mkdir_vs_css_from_id`).
-    #[cfg(loom)]
+    #[cfg(percpu_ref_loom)]
     initialised: crate::sync::UnsafeCell<()>,
 }
 
@@ -202,14 +202,14 @@ impl Css {
             hier: init.hier,
             children: Mutex::new(Vec::new()),
             released_next: ReleaseLink(Cell::new(None)),
-            #[cfg(loom)]
+            #[cfg(percpu_ref_loom)]
             initialised: crate::sync::UnsafeCell::new(()),
         };
         // SAFETY: `raw` is a fresh, writable allocation with the layout of
         // `Css` (`MaybeUninit<Css>` has the same layout).
         unsafe { raw.write(css) };
         // SAFETY: just written; nothing else can reach it yet.
-        #[cfg(loom)]
+        #[cfg(percpu_ref_loom)]
         unsafe { me.get() }.initialised.with_mut(|_| ());
         me
     }
@@ -225,7 +225,7 @@ impl Css {
         )
     )]
     pub(crate) fn check_published(&self) {
-        #[cfg(loom)]
+        #[cfg(percpu_ref_loom)]
         self.initialised.with(|_| ());
     }
 
@@ -596,12 +596,12 @@ impl Work {
 // `Css::released_next`. One that needs no dropping, so it is never
 // destroyed: a put from a thread-local's destructor, after this thread's
 // other thread-locals are gone, still records its release here.
-#[cfg(not(loom))]
+#[cfg(not(percpu_ref_loom))]
 sync::thread_local! {
     static RELEASED: Cell<Option<CssPtr>> = const { Cell::new(None) };
 }
 // loom's macro takes no `const` block.
-#[cfg(loom)]
+#[cfg(percpu_ref_loom)]
 sync::thread_local! {
     static RELEASED: Cell<Option<CssPtr>> = Cell::new(None);
 }

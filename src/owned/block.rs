@@ -103,7 +103,7 @@ pub(super) struct Inner<T> {
     /// gives up its unit, and the thread that frees the block writes it just
     /// before freeing, so a free not ordered after every holder's last
     /// access is reported as a race (see [`drop_unit`]).
-    #[cfg(loom)]
+    #[cfg(percpu_ref_loom)]
     pub(super) freed: sync::UnsafeCell<()>,
 }
 
@@ -313,7 +313,7 @@ pub(super) unsafe fn drop_unit<T>(ptr: *const ()) {
     let p = ptr.cast::<Inner<T>>().cast_mut();
     // The last access made under our unit, as loom sees it.
     // SAFETY: the caller's unit keeps the block alive for this access.
-    #[cfg(loom)]
+    #[cfg(percpu_ref_loom)]
     unsafe { &(*p).freed }.with(|_| ());
     // mutant owned_unit_put_release_only: the freeing thread acquires nothing.
     #[cfg(not(percpu_ref_mutant = "owned_unit_put_release_only"))]
@@ -326,23 +326,23 @@ pub(super) unsafe fn drop_unit<T>(ptr: *const ()) {
         // The free, as loom sees it: a write that must come after every
         // other holder's read above.
         // SAFETY: that was the last unit: nobody else can reach the block.
-        #[cfg(loom)]
+        #[cfg(percpu_ref_loom)]
         unsafe { &(*p).freed }.with_mut(|_| ());
         // SAFETY: that was the last unit: no handle can reach the block, and
         // `T` is gone (invariant 4), which `ManuallyDrop` leaves alone.
         drop(unsafe { Box::from_raw(p) });
-        #[cfg(all(test, not(loom)))]
+        #[cfg(all(test, not(percpu_ref_loom)))]
         super::tests::LIVE_BLOCKS.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
         // ordering-audit: Relaxed: a count that models read after joining
         // every thread.
-        #[cfg(loom)]
+        #[cfg(percpu_ref_loom)]
         loom_live_blocks().fetch_sub(1, Ordering::Relaxed);
     }
 }
 
 /// Under loom: blocks allocated and not yet freed in this execution (a
 /// block whose last unit is never paid is a leak no loom check sees).
-#[cfg(loom)]
+#[cfg(percpu_ref_loom)]
 pub(super) fn loom_live_blocks() -> &'static AtomicUsize {
     loom::lazy_static! {
         static ref LIVE: AtomicUsize = AtomicUsize::new(0);
@@ -351,24 +351,23 @@ pub(super) fn loom_live_blocks() -> &'static AtomicUsize {
 }
 
 /// Under loom: the blocks allocated and not yet freed in this execution,
-/// for models that check every block is freed.
-#[cfg(loom)]
-#[doc(hidden)]
-#[must_use]
-pub fn __loom_live_blocks() -> usize {
+/// for models that check every block is freed
+/// ([`loom_support::live_blocks`](crate::loom_support::live_blocks)).
+#[cfg(percpu_ref_loom)]
+pub(crate) fn live_blocks() -> usize {
     // ordering-audit: Relaxed: read after joining every thread that
     // allocated or freed.
     loom_live_blocks().load(Ordering::Relaxed)
 }
 
-#[cfg(not(loom))]
+#[cfg(not(percpu_ref_loom))]
 sync::thread_local! {
     /// An allocation unit that a `release` on this thread left for the
     /// wrapper around the `PercpuRef` call to drop.
     pub(super) static OWED: Cell<Option<Erased>> = const { Cell::new(None) };
 }
 // loom's macro takes no `const` block.
-#[cfg(loom)]
+#[cfg(percpu_ref_loom)]
 sync::thread_local! {
     pub(super) static OWED: Cell<Option<Erased>> = Cell::new(None);
 }
@@ -434,15 +433,15 @@ pub(super) fn alloc<T>(value: T, backend: Backend) -> Result<NonNull<Inner<T>>, 
             }),
             released_cv: Condvar::new(),
             value: UnsafeCell::new(ManuallyDrop::new(value)),
-            #[cfg(loom)]
+            #[cfg(percpu_ref_loom)]
             freed: sync::UnsafeCell::new(()),
         });
     }
-    #[cfg(all(test, not(loom)))]
+    #[cfg(all(test, not(percpu_ref_loom)))]
     super::tests::LIVE_BLOCKS.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
     // ordering-audit: Relaxed: a count that models read after joining every
     // thread.
-    #[cfg(loom)]
+    #[cfg(percpu_ref_loom)]
     loom_live_blocks().fetch_add(1, Ordering::Relaxed);
     // SAFETY: `Box::into_raw` never returns null.
     Ok(unsafe { NonNull::new_unchecked(slot) })

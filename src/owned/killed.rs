@@ -33,8 +33,18 @@ use std::time::{Duration, Instant};
 /// Once it has returned `T`, polling it again panics (as most `std`
 /// futures do), and so do [`wait`](Self::wait),
 /// [`wait_timeout`](Self::wait_timeout) and [`try_take`](Self::try_take);
-/// dropping it then does nothing. A tiny executor, one thread parked
-/// between polls:
+/// dropping it then does nothing.
+///
+/// Awaiting does not hurry the engine as a blocked [`wait`](Self::wait)
+/// does: the kill completes with its batch (within about a millisecond,
+/// sharing one grace period with the kills around it), which is what a
+/// server shutting down many connections at once wants. It works on any
+/// executor; tokio's multi-threaded runtime is tested (thousands of tasks
+/// holding `Ref`s across `.await`s, `tokio::time::timeout` around a
+/// `&mut Killed`, which can be awaited again after it elapses), and the
+/// crate's `examples/service.rs` is a tokio server that kills and awaits
+/// each connection's state. A tiny executor, one thread parked between
+/// polls:
 ///
 /// ```
 /// use percpu_ref::owned::Owner;

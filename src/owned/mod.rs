@@ -161,12 +161,12 @@ mod block;
 mod handle;
 mod killed;
 mod owner;
-#[cfg(all(test, not(loom)))]
+#[cfg(all(test, not(percpu_ref_loom)))]
 mod tests;
 mod weak;
 
-#[cfg(loom)]
-pub use block::__loom_live_blocks;
+#[cfg(percpu_ref_loom)]
+pub(crate) use block::live_blocks;
 pub use handle::Ref;
 pub use killed::Killed;
 pub use owner::{FreezeTimeout, Frozen, Owner};

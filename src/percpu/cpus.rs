@@ -40,11 +40,11 @@
 /// ```
 #[must_use]
 pub fn possible_cpus() -> usize {
-    #[cfg(loom)]
+    #[cfg(percpu_ref_loom)]
     {
         2
     }
-    #[cfg(not(loom))]
+    #[cfg(not(percpu_ref_loom))]
     {
         use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
         // 0 until detected. Not a `OnceLock`: a fork while another thread
@@ -65,7 +65,7 @@ pub fn possible_cpus() -> usize {
     }
 }
 
-#[cfg(not(loom))]
+#[cfg(not(percpu_ref_loom))]
 fn detect() -> usize {
     let from_sysfs = std::fs::read_to_string("/sys/devices/system/cpu/possible")
         .ok()
@@ -84,20 +84,20 @@ fn detect() -> usize {
     detected.min(cap).max(1)
 }
 
-#[cfg(all(unix, not(loom)))]
+#[cfg(all(unix, not(percpu_ref_loom)))]
 fn sysconf_configured() -> Option<usize> {
     // SAFETY: sysconf has no preconditions; it returns -1 on error.
     let n = unsafe { libc::sysconf(libc::_SC_NPROCESSORS_CONF) };
     usize::try_from(n).ok().filter(|&n| n > 0)
 }
 
-#[cfg(all(not(unix), not(loom)))]
+#[cfg(all(not(unix), not(percpu_ref_loom)))]
 fn sysconf_configured() -> Option<usize> {
     None
 }
 
 /// The highest id in a kernel CPU list such as `0-3,8,10-11\n`.
-#[cfg_attr(loom, allow(dead_code))]
+#[cfg_attr(percpu_ref_loom, allow(dead_code))]
 pub(crate) fn parse_cpu_list_max(list: &str) -> Option<usize> {
     let mut max = None;
     for part in list.trim().split(',').filter(|p| !p.is_empty()) {

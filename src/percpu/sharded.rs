@@ -47,9 +47,9 @@
 //!   Any `n` the API accepts therefore counts exactly, and a shard that a
 //!   long run pushed to the edge just sends its thread to the atomic path.
 
-#[cfg(not(loom))]
+#[cfg(not(percpu_ref_loom))]
 use super::arena::{arena_cpus, Slot};
-#[cfg(loom)]
+#[cfg(percpu_ref_loom)]
 use super::cpus::possible_cpus;
 use crate::sync::{AtomicU64, Ordering};
 
@@ -87,7 +87,7 @@ pub(crate) trait ShardStore {
     fn this_threads(&self) -> &AtomicU64;
 }
 
-#[cfg(not(loom))]
+#[cfg(not(percpu_ref_loom))]
 impl ShardStore for Slot {
     #[inline(always)]
     fn at(&self, k: usize) -> &AtomicU64 {
@@ -104,17 +104,17 @@ impl ShardStore for Slot {
 }
 
 /// Under loom: the shards of one ref.
-#[cfg(loom)]
+#[cfg(percpu_ref_loom)]
 pub(crate) struct Shards(Box<[AtomicU64]>);
 
-#[cfg(loom)]
+#[cfg(percpu_ref_loom)]
 impl Shards {
     pub(crate) fn new() -> Shards {
         Shards((0..shard_count()).map(|_| AtomicU64::new(0)).collect())
     }
 }
 
-#[cfg(loom)]
+#[cfg(percpu_ref_loom)]
 impl ShardStore for Shards {
     fn at(&self, k: usize) -> &AtomicU64 {
         &self.0[k]
@@ -128,11 +128,11 @@ impl ShardStore for Shards {
 /// How many shards every ref has: one per arena region (possible CPU).
 #[inline(always)]
 pub(crate) fn shard_count() -> usize {
-    #[cfg(not(loom))]
+    #[cfg(not(percpu_ref_loom))]
     {
         arena_cpus()
     }
-    #[cfg(loom)]
+    #[cfg(percpu_ref_loom)]
     {
         possible_cpus()
     }
@@ -203,7 +203,7 @@ pub(crate) fn try_add_at(shard: &AtomicU64, delta: u64) -> bool {
     if !has_room(shard.load(Ordering::Relaxed)) {
         return false;
     }
-    #[cfg(all(percpu_ref_delay, not(loom)))]
+    #[cfg(all(percpu_ref_delay, not(percpu_ref_loom)))]
     super::delay::spin();
     // AcqRel: release so the switcher's swap sees everything before a
     // put; acquire so an op that counts after a reset (a Release swap)
@@ -219,13 +219,13 @@ pub(crate) fn try_add_at(shard: &AtomicU64, delta: u64) -> bool {
 /// This thread's shard index, below [`shard_count`]: its compact thread
 /// id (`percpu/thread_id.rs`), the lowest no live thread holds, given back
 /// when the thread exits.
-#[cfg(not(loom))]
+#[cfg(not(percpu_ref_loom))]
 #[inline(always)]
 fn thread_shard() -> usize {
     super::thread_id::current()
 }
 
-#[cfg(loom)]
+#[cfg(percpu_ref_loom)]
 #[inline(always)]
 fn thread_shard() -> usize {
     thread_index() % shard_count()
@@ -233,7 +233,7 @@ fn thread_shard() -> usize {
 
 /// Under loom the index must be the same in every execution: use the loom
 /// thread id (main = 0, spawned threads 1, 2, ...).
-#[cfg(loom)]
+#[cfg(percpu_ref_loom)]
 pub(super) fn thread_index() -> usize {
     let id = format!("{:?}", loom::thread::current().id());
     id.trim_start_matches("ThreadId(")
@@ -242,7 +242,7 @@ pub(super) fn thread_index() -> usize {
         .unwrap_or(0)
 }
 
-#[cfg(all(test, not(loom)))]
+#[cfg(all(test, not(percpu_ref_loom)))]
 mod tests {
     use super::*;
     use crate::percpu::MODE_ATOMIC;
