@@ -270,7 +270,9 @@
 //!
 //! **What to set.** Build with `RUSTFLAGS="--cfg loom"` and add `loom =
 //! "0.7"` to your own `[target.'cfg(loom)'.dev-dependencies]`; this crate
-//! pulls its loom dependency only under that cfg. `--cfg loom` also
+//! pulls its loom dependency only under that cfg. It must be loom 0.7,
+//! this crate's: the primitives of one loom series cannot join a model
+//! that another series runs. `--cfg loom` also
 //! switches every other crate in the build that reads it; where one of
 //! them must not switch (tokio reads bare `cfg(loom)` for its own tests),
 //! give your code a cfg of its own and set `--cfg percpu_ref_loom`, which
