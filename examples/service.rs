@@ -15,8 +15,10 @@
 //!
 //! The check at the end: the pings counted by the connections' final
 //! states (the values their `Killed` futures returned) equal the `PONG`s
-//! the clients received. A count taken before the last request left, or a
-//! request let in after the kill, breaks it; the example then exits 1.
+//! the clients received, every request got a reply, and every connection
+//! was closed and drained. A `Killed` that resolved before the last
+//! request holding a `Ref` had left, or a request lost on the way, breaks
+//! it; the example then exits 1.
 //!
 //! Traffic goes only to the loopback address, and the run is bounded in
 //! count (`--clients` × `--requests`) and time (`--max-secs`).
@@ -31,7 +33,8 @@ use std::process::ExitCode;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
-use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader, Lines};
+use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, watch};
 
@@ -75,8 +78,9 @@ struct Closed {
     drain: Duration,
 }
 
-/// Serves one connection until its client quits or disconnects, or the
-/// server shuts down; then kills its state and awaits the drain.
+/// Serves one connection until its client quits or disconnects, an I/O
+/// error, or the server shuts down; then, whichever it was, removes it
+/// from the table, kills its state and awaits the drain.
 async fn serve(
     stream: TcpStream,
     id: u64,
@@ -87,15 +91,47 @@ async fn serve(
     table.write().unwrap().insert(id, owner.downgrade());
     let (rd, mut wr) = stream.into_split();
     let mut lines = BufReader::new(rd).lines();
+    let ended = requests(id, &owner, &table, &mut lines, &mut wr, &mut shutdown).await;
+    // Close: no lookup finds it from the kill on; the requests inside
+    // (other connections' handlers holding a `Ref`) finish first.
+    table.write().unwrap().remove(&id);
+    let t = Instant::now();
+    let conn = owner.kill().await;
+    let drain = t.elapsed();
+    let by_client = ended?;
+    if by_client {
+        // Answers a QUIT with the final count (a disconnect finds a closed
+        // socket, which is fine).
+        let _ = wr
+            .write_all(format!("BYE {}\n", conn.pings.load(Relaxed)).as_bytes())
+            .await;
+    }
+    Ok(Closed {
+        conn,
+        by_client,
+        drain,
+    })
+}
+
+/// The connection's requests, until the client quits or disconnects
+/// (true) or the server shuts down (false).
+async fn requests(
+    id: u64,
+    owner: &Owner<Conn>,
+    table: &Table,
+    lines: &mut Lines<BufReader<OwnedReadHalf>>,
+    wr: &mut OwnedWriteHalf,
+    shutdown: &mut watch::Receiver<bool>,
+) -> std::io::Result<bool> {
     wr.write_all(format!("ID {id}\n").as_bytes()).await?;
-    let by_client = loop {
+    loop {
         let line = tokio::select! {
             line = lines.next_line() => line?,
-            _ = shutdown.changed() => break false,
+            _ = shutdown.changed() => return Ok(false),
         };
-        let Some(line) = line else { break true };
+        let Some(line) = line else { return Ok(true) };
         if line == "QUIT" {
-            break true;
+            return Ok(true);
         }
         let Some(target) = line
             .strip_prefix("PING ")
@@ -124,25 +160,7 @@ async fn serve(
             None => format!("GONE {target}\n"),
         };
         wr.write_all(reply.as_bytes()).await?;
-    };
-    // Close: no lookup finds it from the kill on; the requests inside
-    // (other connections' handlers holding a `Ref`) finish first.
-    table.write().unwrap().remove(&id);
-    let t = Instant::now();
-    let conn = owner.kill().await;
-    let drain = t.elapsed();
-    if by_client {
-        // Answers a QUIT with the final count (a disconnect finds a closed
-        // socket, which is fine).
-        let _ = wr
-            .write_all(format!("BYE {}\n", conn.pings.load(Relaxed)).as_bytes())
-            .await;
     }
-    Ok(Closed {
-        conn,
-        by_client,
-        drain,
-    })
 }
 
 /// What a client saw.
@@ -278,6 +296,13 @@ async fn run(args: Arc<Args>) -> Result<(), String> {
     let requests: u64 = closed.iter().map(|c| c.conn.requests.load(Relaxed)).sum();
     let pings: u64 = closed.iter().map(|c| c.conn.pings.load(Relaxed)).sum();
     let by_client = closed.iter().filter(|c| c.by_client).count();
+    if closed.len() as u64 != args.clients {
+        return Err(format!(
+            "{} connections for {} clients",
+            closed.len(),
+            args.clients
+        ));
+    }
     let mut drains: Vec<_> = closed.iter().map(|c| c.drain).collect();
     drains.sort();
     println!(
