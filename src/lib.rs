@@ -272,8 +272,8 @@
 //! "0.7"` to your own `[target.'cfg(loom)'.dev-dependencies]`; this crate
 //! pulls its loom dependency only under that cfg. It must be loom 0.7,
 //! this crate's: the primitives of one loom series cannot join a model
-//! that another series runs. `--cfg loom` also
-//! switches every other crate in the build that reads it; where one of
+//! that another series runs. `--cfg loom` also switches every other crate
+//! in the build that reads it; where one of
 //! them must not switch (tokio reads bare `cfg(loom)` for its own tests),
 //! give your code a cfg of its own and set `--cfg percpu_ref_loom`, which
 //! switches this crate alone. Both are supported: bare `loom` selects
@@ -403,26 +403,11 @@ pub use owned::{FreezeTimeout, Frozen, Killed, Owner, Ref, Weak};
 pub use percpu::{backend, possible_cpus, Backend};
 pub use percpu_ref::{flush, PercpuRef};
 
-/// What a loom model needs beyond the API: only under `--cfg
-/// percpu_ref_loom` (or `--cfg loom`), where there is no engine thread.
-///
-/// Under loom the grace-period engine is driven by steps instead of a
-/// background thread: a deferred kill (`kill_deferred`,
-/// [`Owner::kill`](crate::Owner::kill), dropping an
-/// [`Owner`](crate::Owner)) queues, and its `confirm`, its put of the base
-/// reference and so its `release` happen at the first of
-/// - a [`step`](crate::loom_support::step) on some model thread,
-/// - [`flush`](crate::flush) (it runs steps until every earlier kill has
-///   completed),
-/// - a blocking wait for that kill: [`Killed::wait`](crate::Killed::wait)
-///   and [`Killed::wait_timeout`](crate::Killed::wait_timeout) run every
-///   queued step first, and so does the `Drop` of a ref whose deferred
-///   switch is still queued.
-///
-/// Polling a [`Killed`](crate::Killed) does not step the engine: a model
-/// that awaits one runs a thread that calls
-/// [`step`](crate::loom_support::step) (or [`flush`](crate::flush)). See
-/// the crate docs' *Model-checking code that uses percpu-ref*.
+/// What a loom model needs beyond the API, in loom builds only (`--cfg
+/// percpu_ref_loom` or `--cfg loom`), where the grace-period engine has no
+/// thread and is driven by [`step`](crate::loom_support::step). When a
+/// deferred kill completes there, and what a model must do about it: the
+/// crate docs' *Model-checking code that uses percpu-ref*.
 #[cfg(percpu_ref_loom)]
 pub mod loom_support {
     /// Takes the engine's queue as one batch, runs its grace period and

@@ -44,11 +44,15 @@ impl Drop for Hits {
 
 fn hits() -> (Owner<Hits>, Arc<AtomicUsize>) {
     let drops = Arc::new(AtomicUsize::new(0));
-    let owner = Owner::new(Hits {
+    (hits_counted_in(&drops), drops)
+}
+
+/// An owner of `Hits` whose drop is counted in `drops`.
+fn hits_counted_in(drops: &Arc<AtomicUsize>) -> Owner<Hits> {
+    Owner::new(Hits {
         hits: AtomicU64::new(0),
         drops: drops.clone(),
-    });
-    (owner, drops)
+    })
 }
 
 /// Thousands of tasks each take a `Ref` through a `Weak` and hold it, and
@@ -90,7 +94,11 @@ fn killed_awaited_while_thousands_of_tasks_hold_refs() {
         // Half the tasks before the kill, half after: those must all find
         // nothing, while the first half's references are still held.
         let mut handles: Vec<_> = (0..tasks / 2).map(spawn).collect();
-        tokio::time::sleep(Duration::from_millis(1)).await;
+        // Kill once some task is inside (a fixed sleep let none in on a
+        // loaded host): most of the first half still holds its `Ref`s.
+        while owner.hits.load(SeqCst) == 0 {
+            tokio::time::sleep(Duration::from_micros(100)).await;
+        }
         let killed = owner.kill();
         killed_yet.store(true, SeqCst);
         handles.extend((tasks / 2..tasks).map(spawn));
@@ -220,10 +228,7 @@ fn many_kills_awaited_concurrently() {
     rt.block_on(async {
         let mut waiters = Vec::with_capacity(objects);
         for _ in 0..objects {
-            let owner = Owner::new(Hits {
-                hits: AtomicU64::new(0),
-                drops: drops.clone(),
-            });
+            let owner = hits_counted_in(&drops);
             let refs: Vec<_> = (0..3).map(|_| owner.get()).collect();
             for r in refs {
                 tokio::spawn(async move {
