@@ -4,8 +4,8 @@
 //!   sets it for this crate alone (`RUSTFLAGS="--cfg percpu_ref_loom"`);
 //!   the ecosystem's bare `--cfg loom` sets it too, so that a model of code
 //!   that uses this crate never runs it on std's primitives unseen by loom.
-//! - `percpu_ref_rseq`: the rseq backend is built: Linux on x86_64 with
-//!   64-bit pointers, except under loom (which models it) and Miri (which
+//! - `percpu_ref_rseq`: the rseq backend is built: Linux on x86_64 or
+//!   little-endian aarch64 with 64-bit pointers, except under loom (which models it) and Miri (which
 //!   cannot run inline assembly or the rseq/membarrier system calls).
 
 fn main() {
@@ -19,11 +19,15 @@ fn main() {
     if has("CARGO_CFG_LOOM") {
         println!("cargo::rustc-cfg=percpu_ref_loom");
     }
-    // x86_64 with 64-bit pointers only: x32 (`gnux32`) has the same
-    // architecture name, but the mode word's flags live above a 32-bit CPU
-    // bound, which needs a 64-bit `usize`.
+    // x86_64 and aarch64 (little-endian: the section reads the bound as
+    // the mode word's first 32 bits) with 64-bit pointers only: x32
+    // (`gnux32`) and ILP32 have the same architecture names, but the mode
+    // word's flags live above a 32-bit CPU bound, which needs a 64-bit
+    // `usize`.
+    let arch = var("CARGO_CFG_TARGET_ARCH");
     if var("CARGO_CFG_TARGET_OS") == "linux"
-        && var("CARGO_CFG_TARGET_ARCH") == "x86_64"
+        && (arch == "x86_64" || arch == "aarch64")
+        && var("CARGO_CFG_TARGET_ENDIAN") == "little"
         && var("CARGO_CFG_TARGET_POINTER_WIDTH") == "64"
         && !loom
         && !has("CARGO_CFG_MIRI")

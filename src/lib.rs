@@ -175,9 +175,10 @@
 //!
 //! The per-CPU counters have two implementations behind one interface (see
 //! [`Backend`] and the [`percpu`] module): restartable sequences on Linux
-//! `x86_64` with glibc ≥ 2.35 (no atomic instruction on the fast path,
-//! `membarrier` as the grace period) and portable atomic shards sealed by
-//! the switcher. Both keep a ref's counters in one per-CPU arena, 8 bytes
+//! with glibc ≥ 2.35, on `x86_64` (no atomic instruction on the fast path)
+//! and on `aarch64` with LSE atomics (one `stadd`, no exclusive loop, no
+//! barrier), with `membarrier` as the grace period; and portable atomic
+//! shards sealed by the switcher. Both keep a ref's counters in one per-CPU arena, 8 bytes
 //! per possible CPU per ref, as the kernel's percpu allocator. The process picks one at first use;
 //! [`backend()`] says which.
 //!

@@ -41,11 +41,12 @@
 //!   possible CPU in the per-CPU arena, that the switcher *seals*;
 //!   portable, and its protocol is what loom checks (under loom the shards
 //!   are a boxed slice of loom atomics instead of arena memory).
-//! - [`Backend::Rseq`] (`percpu/rseq.rs`, Linux `x86_64`): true per-CPU
-//!   counting with a restartable sequence on glibc's rseq area, a
-//!   `membarrier` grace period (`percpu/rseq_abi.rs`) and counters in the
-//!   per-CPU arena (`percpu/arena.rs`, see [`arena_stats`]). Other targets,
-//!   aarch64 included for now, use the sharded backend.
+//! - [`Backend::Rseq`] (`percpu/rseq.rs`, Linux on `x86_64`, and on
+//!   `aarch64` with LSE atomics): true per-CPU counting with a restartable
+//!   sequence on glibc's rseq area, a `membarrier` grace period
+//!   (`percpu/rseq_abi.rs`) and counters in the per-CPU arena
+//!   (`percpu/arena.rs`, see [`arena_stats`]). Other targets use the
+//!   sharded backend.
 //!
 //! The backend is chosen once per process ([`backend`]) and can be overridden
 //! per ref for comparisons ([`PercpuRef::with_backend`](crate::PercpuRef::with_backend)).
@@ -401,10 +402,12 @@ impl Backend {
 
     /// Whether this backend can be used in this process.
     ///
-    /// For [`Backend::Rseq`] this is decided once per process: Linux `x86_64`,
-    /// glibc registered its rseq area for this thread (glibc >= 2.35, not
-    /// disabled by `GLIBC_TUNABLES=glibc.pthread.rseq=0`, not under
-    /// valgrind), and the kernel accepts the `membarrier` RSEQ registration.
+    /// For [`Backend::Rseq`] this is decided once per process: Linux on
+    /// `x86_64`, or on `aarch64` with the LSE atomics (ARMv8.1: every
+    /// Neoverse core; not Cortex-A72 / Graviton 1), glibc registered its
+    /// rseq area for this thread (glibc >= 2.35, not disabled by
+    /// `GLIBC_TUNABLES=glibc.pthread.rseq=0`, not under valgrind), and the
+    /// kernel accepts the `membarrier` RSEQ registration.
     ///
     /// # Examples
     ///
@@ -537,8 +540,9 @@ fn detect_backend() -> (Backend, Option<String>) {
             default,
             Some(format!(
                 "percpu_ref: warning: {BACKEND_VAR}=rseq, but the rseq backend is not available \
-                 in this process (it needs Linux x86_64, glibc >= 2.35 with its rseq \
-                 registration enabled, and membarrier RSEQ support); using {default}"
+                 in this process (it needs Linux on x86_64, or on aarch64 with LSE atomics, \
+                 glibc >= 2.35 with its rseq registration enabled, and membarrier RSEQ \
+                 support); using {default}"
             )),
         ),
         // Anything else, or not UTF-8.
@@ -561,6 +565,11 @@ fn detect_backend() -> (Backend, Option<String>) {
 /// finds nothing to count and [`try_add_other`](Self::try_add_other) picks
 /// the backend. Where the rseq backend is not built, that is the whole
 /// fast path.
+///
+/// `#[repr(C)]`: the slot (and so its base) is the first word, right
+/// after the mode word in `PercpuRef`, so that the aarch64 section loads
+/// both with one instruction.
+#[repr(C)]
 pub(crate) struct Counters {
     /// The ref's arena slot: CPU `c`'s counter (rseq) or shard `c`
     /// (sharded) is at `slot.base() + c * REGION`. On the rseq backend the
@@ -668,43 +677,46 @@ impl Counters {
         0
     }
 
-    /// Adds `delta` (wrapping) to this CPU's counter if `mode` is percpu.
-    #[inline(always)]
-    pub(crate) fn try_add(&self, mode: &AtomicUsize, delta: u64) -> bool {
-        // SAFETY: `&self` keeps the counters alive across the add.
-        unsafe { Self::try_add_raw(self, mode, delta) }
-    }
-
-    /// [`try_add`](Self::try_add) through a pointer, for the put path.
+    /// Adds `delta` (wrapping) to this CPU's counter if the mode word at
+    /// `mode` is percpu. Through pointers, for the put path as well as the
+    /// get path.
     ///
     /// A put that is not the last one can still be running when another
     /// thread's last put releases the ref and its owner frees it. Nothing
     /// is read after the add commits, but a `&Counters` (or `&PercpuRef`)
     /// held as a function argument across the add would still be a live
     /// borrow of freed memory (undefined behaviour under Stacked and Tree
-    /// Borrows). So this copies out what the add needs (the slot address;
-    /// on the other backends, the shard) and commits through that; the only
-    /// references held across the add are to atomics (the mode word, a
-    /// shard), whose interior mutability makes that allowed, as for `Arc`'s
-    /// own counter.
+    /// Borrows). So this copies out what the add needs (the slot address,
+    /// which the rseq section loads itself; on the other backends, the
+    /// shard) and commits through that; the only references held across
+    /// the add are to atomics (the mode word, a shard), whose interior
+    /// mutability makes that allowed, as for `Arc`'s own counter.
     ///
     /// # Safety
     ///
     /// `this` points to live counters, and they stay alive until the add
-    /// commits (the caller holds a reference on the ref).
+    /// commits (the caller holds a reference on the ref). `mode` points to
+    /// the ref's mode word, and the ref's counters follow it in memory
+    /// (`PercpuRef` is `#[repr(C)]` and starts with `mode` and `counters`,
+    /// checked at compile time there); both pointers come from one pointer
+    /// to the whole ref, so that the section may read the slot's base
+    /// through `mode` ([`rseq::try_add_at`]).
     #[inline(always)]
-    pub(crate) unsafe fn try_add_raw(this: *const Self, mode: &AtomicUsize, delta: u64) -> bool {
+    pub(crate) unsafe fn try_add_raw(
+        this: *const Self,
+        mode: *const AtomicUsize,
+        delta: u64,
+    ) -> bool {
+        // SAFETY: `mode` is followed by `(*this).slot`, whose base is its
+        // first word (`Counters` and `Slot` are `#[repr(C)]`), and both are
+        // live until the add commits (the caller's contract).
         #[cfg(percpu_ref_rseq)]
-        {
-            // SAFETY: `this` is live (the caller's contract); the borrow of
-            // the slot ends with this statement, before the add.
-            let base = unsafe { (*this).slot.base() };
-            if rseq::try_add_at(base, mode, delta) {
-                return true;
-            }
+        if unsafe { rseq::try_add_at(mode, delta) } {
+            return true;
         }
-        // SAFETY: as above.
-        unsafe { Self::try_add_other(this, mode, delta) }
+        // SAFETY: as above; the mode word is an atomic, which may be
+        // borrowed across the add.
+        unsafe { Self::try_add_other(this, &*mode, delta) }
     }
 
     /// The backends other than rseq; on the rseq backend (whose section

@@ -165,6 +165,9 @@ pub fn flush() {
 /// assert!(released.load(Ordering::SeqCst));
 /// assert!(r.is_zero());
 /// ```
+// `#[repr(C)]`: `mode` and then `counters` first, the two words the
+// per-CPU fast path reads (`Counters::try_add_raw`).
+#[repr(C)]
 pub struct PercpuRef {
     /// `MODE_ATOMIC` / `MODE_DEAD` / `MODE_PENDING` and the rseq bound:
     /// written under `switch`, except that a deferred switch's completion
@@ -184,6 +187,13 @@ pub struct PercpuRef {
     /// pinned, it stays there until `Drop`, which waits for the engine.
     _pinned: PhantomPinned,
 }
+
+// The fast path's words: the mode word, then the counters, whose first
+// word is the slot's base (`Counters` and `Slot` are `#[repr(C)]`).
+const _: () = assert!(
+    std::mem::offset_of!(PercpuRef, counters)
+        == std::mem::offset_of!(PercpuRef, mode) + std::mem::size_of::<usize>()
+);
 
 // The size the docs quote (crate docs, `percpu/arena.rs`,
 // docs/performance.md, docs/design.md): 64 bytes on 64-bit Linux, where the
@@ -357,7 +367,16 @@ impl PercpuRef {
     /// (nor a sharded backend's seal) can be pushed out of its range.
     #[inline(always)]
     fn try_add_percpu(&self, n: u64, delta: u64) -> bool {
-        n < PERCPU_N_LIMIT && self.counters.try_add(&self.mode, delta)
+        n < PERCPU_N_LIMIT && self.try_add_counters(delta)
+    }
+
+    /// The per-CPU add ([`Counters::try_add_raw`]) on a ref that `&self`
+    /// keeps alive.
+    #[inline(always)]
+    fn try_add_counters(&self, delta: u64) -> bool {
+        // SAFETY: `&self` keeps the ref alive across the add; both
+        // pointers come from it, `mode` first and `counters` right after.
+        unsafe { Counters::try_add_raw(&raw const self.counters, &raw const self.mode, delta) }
     }
 
     #[inline(never)]
@@ -424,7 +443,11 @@ impl PercpuRef {
         // word's (an atomic: allowed to dangle, as `Arc`'s counter).
         let counted = n < PERCPU_N_LIMIT
             && unsafe {
-                Counters::try_add_raw(&raw const (*this).counters, &(*this).mode, n.wrapping_neg())
+                Counters::try_add_raw(
+                    &raw const (*this).counters,
+                    &raw const (*this).mode,
+                    n.wrapping_neg(),
+                )
             };
         if !counted {
             // SAFETY: as above.
@@ -538,7 +561,7 @@ impl PercpuRef {
             self.mode.load(Ordering::Relaxed) & MODE_ATOMIC == 0,
             true
         );
-        percpu && self.counters.try_add(&self.mode, 1) || self.tryget_live_atomic()
+        percpu && self.try_add_counters(1) || self.tryget_live_atomic()
     }
 
     #[inline(never)]

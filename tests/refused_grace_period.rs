@@ -10,7 +10,11 @@
 //! other tests kill rseq refs in parallel, that happened on a CI machine.
 //! Here the only other thread counts per CPU and never switches, so the
 //! blocked thread's switch must run its own grace period.
-#![cfg(all(target_os = "linux", target_arch = "x86_64", not(miri)))]
+#![cfg(all(
+    target_os = "linux",
+    any(target_arch = "x86_64", target_arch = "aarch64"),
+    not(miri)
+))]
 
 mod common;
 use common::{counted, fail_syscalls_on_this_thread, panic_message};

@@ -337,7 +337,10 @@ fn case_pages(used_before: bool) {
 /// `Owner`'s, a css's) complete on that thread, inside the call that
 /// queued them: the engine's per-completion state must be reachable there
 /// too, after the thread's other thread-locals are gone.
-#[cfg(all(target_os = "linux", target_arch = "x86_64"))]
+#[cfg(all(
+    target_os = "linux",
+    any(target_arch = "x86_64", target_arch = "aarch64")
+))]
 fn case_engine_refused(used_before: bool) {
     let releases = Arc::new(AtomicUsize::new(0));
     let drops = Arc::new(AtomicUsize::new(0));
@@ -475,7 +478,10 @@ fn child_runs_case() {
         "task" => case_task,
         #[cfg(feature = "css")]
         "pages" => case_pages,
-        #[cfg(all(target_os = "linux", target_arch = "x86_64"))]
+        #[cfg(all(
+            target_os = "linux",
+            any(target_arch = "x86_64", target_arch = "aarch64")
+        ))]
         "engine_refused" => case_engine_refused,
         #[cfg(all(unix, not(miri)))]
         "fork" => case_fork,
@@ -587,7 +593,10 @@ case_tests! {
     task_dropped_in_a_tls_destructor => "task";
     #[cfg(feature = "css")]
     pages_dropped_in_a_tls_destructor => "pages";
-    #[cfg(all(target_os = "linux", target_arch = "x86_64"))]
+    #[cfg(all(
+    target_os = "linux",
+    any(target_arch = "x86_64", target_arch = "aarch64")
+))]
     deferred_kills_complete_in_a_tls_destructor_whose_thread_cannot_start_the_engine =>
         "engine_refused", stderr "cannot start the grace-period engine thread";
     #[cfg(all(unix, not(miri)))]

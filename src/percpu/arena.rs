@@ -373,7 +373,9 @@ fn chunk_layout() -> Layout {
     Layout::from_size_align(bytes, CHUNK_ALIGN).expect("percpu_ref: arena chunk layout")
 }
 
-/// One ref's 8-byte slot in every CPU's region.
+/// One ref's 8-byte slot in every CPU's region. `#[repr(C)]`: the base is
+/// its first word, which the rseq section loads (`Counters`).
+#[repr(C)]
 pub(crate) struct Slot {
     /// `chunk_base + offset`: CPU 0's counter; CPU `c`'s is `REGION * c`
     /// bytes further.
@@ -383,6 +385,8 @@ pub(crate) struct Slot {
     /// padding so that a ref's counters stay two words.
     tag: u8,
 }
+
+const _: () = assert!(std::mem::offset_of!(Slot, base) == 0);
 
 // SAFETY: a slot is only a position in arena memory that lives for the
 // whole process; all access to it goes through atomics or the rseq
@@ -458,14 +462,10 @@ impl Slot {
     }
 
     /// The address of CPU 0's counter; the fast path adds `cpu << REGION_SHIFT`.
-    #[inline(always)]
-    #[cfg_attr(
-        not(percpu_ref_rseq),
-        allow(
-            dead_code,
-            reason = "the rseq backend's; shards are reached through `counter`"
-        )
-    )]
+    ///
+    /// The rseq section reads the base itself, as the word after the mode
+    /// word (`Counters`); the rseq tests build such words with this.
+    #[cfg(all(test, percpu_ref_rseq))]
     pub(crate) fn base(&self) -> *mut u8 {
         self.base.as_ptr()
     }

@@ -18,12 +18,22 @@
 //!     goto aborted                            // the Rust side retries
 //! ```
 //!
-//! Ten instructions per operation, with the loads of the rseq offset, of
-//! the id's offset and of the slot address (`scripts/callgrind-pair`
-//! counts them), and no atomic read-modify-write: the add is a plain `add`
-//! to memory that only the running thread holding this id touches, and
-//! the kernel guarantees that a thread interrupted before the commit never
-//! commits (it restarts at `abort`).
+//! Ten instructions per operation, with the loads of the offsets and of
+//! the slot address, plus the caller's loop: 22 per get + put pair on
+//! both architectures (`scripts/callgrind-pair` counts the `x86_64` pair by
+//! running it, `scripts/aarch64-pair` the aarch64 one in the disassembly).
+//! The kernel guarantees that a thread interrupted before the commit never
+//! commits (it restarts at `abort`), so the add needs no atomicity against
+//! other CPUs: only the running thread holding this id writes its counter.
+//!
+//! The instructions are per architecture, each in a module of its own:
+//!
+//! - `x86_64` (`rseq/x86_64.rs`): a plain `add` to memory commits, no
+//!   atomic read-modify-write; `%fs` reaches the rseq area.
+//! - `aarch64` (`rseq/aarch64.rs`): an LSE `stadd` commits, one instruction
+//!   that no preemption can split, including one that a kernel fails to
+//!   abort; CPUs without LSE take the sharded backend. Why, and its memory
+//!   ordering, are that module's docs.
 //!
 //! # Which id
 //!
@@ -94,22 +104,26 @@
 //! retried, in which case it loads the new one and is not counted. After
 //! the grace period nothing writes the slot until the mode goes back to
 //! percpu, which first zeroes it (`Counters::reset`) and then
-//! stores the bound with a release store; x86's loads are acquire loads,
-//! so a section that sees the bound sees the zeroes.
+//! stores the bound with a release store, so a section that sees the
+//! bound sees the zeroes: on x86 every load is an acquire load; on aarch64
+//! the commit depends on the bound through the section's branch (see
+//! `rseq/aarch64.rs`).
 
 #[cfg(any(test, doc))]
 use super::arena;
 #[cfg(test)]
 use super::arena::Slot;
-use super::arena::REGION_SHIFT;
-#[cfg(any(
-    percpu_ref_mutant = "rseq_bound_by_cpu_id",
-    percpu_ref_mutant = "rseq_add_by_cpu_id"
-))]
-use super::rseq_abi::CPU_ID_OFFSET;
-use super::rseq_abi::{self, RSEQ_CS_OFFSET};
+use super::rseq_abi;
 use crate::sync::AtomicUsize;
-use std::arch::asm;
+
+#[cfg(target_arch = "aarch64")]
+mod aarch64;
+#[cfg(target_arch = "aarch64")]
+use aarch64::section;
+#[cfg(target_arch = "x86_64")]
+mod x86_64;
+#[cfg(target_arch = "x86_64")]
+use x86_64::section;
 
 /// Waits until no section can count on `slot` any more (a grace period of
 /// its own) and returns its sum; the protocol shares grace periods instead
@@ -131,28 +145,43 @@ enum Section {
     Aborted,
 }
 
-/// Adds `delta` to this CPU's counter of the slot at `base` if the bound in
-/// `mode` admits this CPU (the backend's `try_add`). Takes the slot's
-/// address rather than `&Slot`, so that no borrow of the ref is
-/// live while the add commits (see `Counters::try_add_raw`); arena memory
-/// itself is never freed. `base` may be anything when the bound is 0.
+/// Adds `delta` to this CPU's counter of a ref's slot if the bound in its
+/// mode word admits this CPU (the backend's `try_add`).
+///
+/// `mode` points to the mode word, and the word after it is the slot's
+/// base ([`Words`]: a ref's `mode` and `counters`). Through a pointer, so
+/// that no borrow of the ref is live while the add commits (see
+/// `Counters::try_add_raw`); arena memory itself is never freed. The base
+/// may be anything when the bound is 0.
+///
+/// # Safety
+///
+/// `mode` and the base after it are live and may be read through `mode`
+/// until the add commits.
 #[inline(always)]
-pub(crate) fn try_add_at(base: *mut u8, mode: &AtomicUsize, delta: u64) -> bool {
-    match section(base, mode, delta) {
+pub(crate) unsafe fn try_add_at(mode: *const AtomicUsize, delta: u64) -> bool {
+    // SAFETY: the caller's contract, as the section's.
+    match unsafe { section(mode, delta) } {
         Section::Counted => true,
         Section::NotCounted => false,
-        Section::Aborted => retry_after_abort(base, mode, delta),
+        // SAFETY: as above.
+        Section::Aborted => unsafe { retry_after_abort(mode, delta) },
     }
 }
 
 /// After an abort, retry until the section commits or finds the bound
 /// below this CPU.
+///
+/// # Safety
+///
+/// As [`try_add_at`].
 #[cold]
 #[inline(never)]
-fn retry_after_abort(base: *mut u8, mode: &AtomicUsize, delta: u64) -> bool {
+unsafe fn retry_after_abort(mode: *const AtomicUsize, delta: u64) -> bool {
     loop {
         rseq_abi::record_abort();
-        match section(base, mode, delta) {
+        // SAFETY: the caller's contract.
+        match unsafe { section(mode, delta) } {
             Section::Counted => return true,
             Section::NotCounted => return false,
             Section::Aborted => {}
@@ -160,154 +189,14 @@ fn retry_after_abort(base: *mut u8, mode: &AtomicUsize, delta: u64) -> bool {
     }
 }
 
-/// The section's instructions (see [`section`]): arm, then `$check` (which
-/// loads the id into `tmp` and jumps to `not_counted` unless it may count),
-/// then the commit. `$after_arm` and `$before_commit` are empty but in the
-/// delay-injection build.
-macro_rules! section_asm {
-    ($base:ident, $mode:ident, $delta:ident, [$($check:literal),+ $(,)?],
-     $after_arm:literal, $before_commit:literal; $($extra:tt)*) => {
-        asm!(
-            "lea {tmp}, [rip + 3f]",
-            "mov qword ptr fs:[{off} + {cs}], {tmp}",
-            "4:",
-            $after_arm,
-            $($check,)+
-            $before_commit,
-            "shl {tmp}, {shift}",
-            "add qword ptr [{base} + {tmp}], {delta}",
-            "5:",
-            ".pushsection __rseq_cs, \"aw\"",
-            ".balign 32",
-            "3:",
-            ".long 0, 0",
-            ".quad 4b, 5b - 4b, 6f",
-            ".popsection",
-            ".pushsection .text.unlikely.percpu_ref_rseq_abort, \"ax\"",
-            ".byte 0x0f, 0xb9, 0x3d",
-            ".long 0x53053053",
-            "6:",
-            "jmp {aborted}",
-            ".popsection",
-            off = in(reg) rseq_abi::rseq_offset(),
-            mode = in(reg) $mode.as_ptr(),
-            base = in(reg) $base,
-            delta = in(reg) $delta,
-            tmp = out(reg) _,
-            cs = const RSEQ_CS_OFFSET,
-            shift = const REGION_SHIFT,
-            not_counted = label {
-                return Section::NotCounted;
-            },
-            aborted = label {
-                return Section::Aborted;
-            },
-            $($extra)*
-            options(nostack),
-        )
-    };
-}
-
-/// [`section_asm`] with the delay build's spins (`percpu_ref_delay`,
-/// scripts/vm-test): one after arming and one between the check and the
-/// commit, inside the section, so that the kernel aborts it on most
-/// preemptions and grace periods. They write only a scratch register.
-#[cfg(percpu_ref_delay)]
-macro_rules! section_asm_delayed {
-    ($base:ident, $mode:ident, $delta:ident, [$($check:literal),+ $(,)?]; $($extra:tt)*) => {
-        section_asm!(
-            $base, $mode, $delta, [$($check),+],
-            "mov {spin}, {loops}\n 7:\n sub {spin}, 1\n jae 7b",
-            "mov {spin}, {loops}\n 8:\n sub {spin}, 1\n jae 8b";
-            spin = out(reg) _,
-            loops = in(reg) super::delay::loops(),
-            $($extra)*
-        )
-    };
-}
-
-/// The section with the delay build's spins where that build is chosen.
-macro_rules! run_section {
-    ($base:ident, $mode:ident, $delta:ident, [$($check:literal),+ $(,)?]; $($extra:tt)*) => {{
-        #[cfg(not(percpu_ref_delay))]
-        section_asm!($base, $mode, $delta, [$($check),+], "", ""; $($extra)*);
-        #[cfg(percpu_ref_delay)]
-        section_asm_delayed!($base, $mode, $delta, [$($check),+]; $($extra)*);
-    }};
-}
-
-/// Runs the critical section once: adds `delta` to the counter of this
-/// thread's id (its `mm_cid` or `cpu_id`: [`rseq_abi::index_offset`]) at
-/// `base + (id << REGION_SHIFT)` if the id is below the bound in the low
-/// 32 bits of `mode`.
-///
-/// The bound is either 0 or at most `arena::arena_cpus()` (the regions
-/// the slot's chunk has) and at most `i32::MAX`: `Counters::percpu_mode`
-/// is the only non-zero value a mode word holds.
-#[inline(always)]
-fn section(base: *mut u8, mode: &AtomicUsize, delta: u64) -> Section {
-    // SAFETY: `rseq_offset` locates this thread's rseq area: glibc's,
-    // registered or not, or the stand-in in static TLS (`rseq_abi`), set
-    // before any ref existed; the section writes only `rseq_cs` there, as
-    // the ABI intends. `index_offset` is that area's `mm_cid` or `cpu_id`,
-    // an aligned u32, read only. The descriptor lives in the `__rseq_cs`
-    // section, 32-byte aligned, with `abort_ip` outside [start_ip,
-    // post_commit) and preceded by glibc's x86 signature 0x53053053. The
-    // store that arms the section is the instruction right before
-    // `start_ip`, so an interrupt after it lands inside the section. The
-    // commit writes the slot's counter for the id only when the id is
-    // below the mode word's bound as unsigned 32-bit numbers (every
-    // negative id is above any bound <= i32::MAX), and a non-zero bound is
-    // at most the number of regions of the slot's chunk, so the write is
-    // inside the chunk whatever the kernel reports. Only one running
-    // thread holds an id at a time (a CPU runs one thread; the kernel
-    // gives an `mm_cid` to one running thread of the process at a time and
-    // changes a thread's only when it is scheduled), and the kernel aborts
-    // any section interrupted before the commit, so no two commits to one
-    // counter race. `mode` is read, never written (x86 is little-endian:
-    // the dword at its address is the bound). The delay build's spins
-    // write only a scratch register and lie inside the section.
-    unsafe {
-        // No test that the thread is registered: under `mm_cid` indexing
-        // an unregistered thread's id would be 0 or stale (not negative,
-        // as its `cpu_id`), but glibc aborts the process when it cannot
-        // register a thread of a process whose first thread it registered
-        // ("Fatal glibc error: rseq registration failed"), so no such
-        // thread runs here (tests/rseq_stress.rs,
-        // `a_thread_refused_rseq_does_not_run`).
-        #[cfg(not(any(
-            percpu_ref_mutant = "rseq_bound_by_cpu_id",
-            percpu_ref_mutant = "rseq_add_by_cpu_id"
-        )))]
-        run_section!(base, mode, delta, [
-            "mov {tmp:e}, dword ptr fs:[{index}]",
-            "cmp {tmp:e}, dword ptr [{mode}]",
-            "jae {not_counted}",
-        ]; index = in(reg) rseq_abi::index_offset(),);
-        // mutant rseq_bound_by_cpu_id: the bound is checked on `cpu_id`,
-        // the add indexed by the process's index (`mm_cid`): a thread whose
-        // `mm_cid` is at or above the bound (more threads running than the
-        // arena has regions) adds past the chunk.
-        #[cfg(percpu_ref_mutant = "rseq_bound_by_cpu_id")]
-        run_section!(base, mode, delta, [
-            "mov {tmp:e}, dword ptr fs:[{off} + {cpu_id}]",
-            "cmp {tmp:e}, dword ptr [{mode}]",
-            "jae {not_counted}",
-            "mov {tmp:e}, dword ptr fs:[{index}]",
-        ]; index = in(reg) rseq_abi::index_offset(), cpu_id = const CPU_ID_OFFSET,);
-        // mutant rseq_add_by_cpu_id: the bound is checked on the process's
-        // index (`mm_cid`), the add indexed by `cpu_id`: a thread on a CPU
-        // at or above the bound (an arena capped below the CPU's id, where
-        // the thread's `mm_cid` is 0) adds past the chunk.
-        #[cfg(percpu_ref_mutant = "rseq_add_by_cpu_id")]
-        run_section!(base, mode, delta, [
-            "mov {tmp:e}, dword ptr fs:[{index}]",
-            "cmp {tmp:e}, dword ptr [{mode}]",
-            "jae {not_counted}",
-            "mov {tmp:e}, dword ptr fs:[{off} + {cpu_id}]",
-        ]; index = in(reg) rseq_abi::index_offset(), cpu_id = const CPU_ID_OFFSET,);
-    }
-    Section::Counted
+/// The two words the section reads, in the order it reads them: a ref's
+/// mode word and its slot's base. `PercpuRef` starts with them (its `mode`
+/// and `counters`, `#[repr(C)]`); the tests build them alone.
+#[cfg(any(test, doc))]
+#[repr(C)]
+struct Words {
+    mode: AtomicUsize,
+    base: *mut u8,
 }
 
 #[cfg(test)]
@@ -346,13 +235,30 @@ mod tests {
         }
     }
 
-    /// Runs the section until the kernel does not abort it.
-    fn section_once(c: &Slot, mode: &AtomicUsize, delta: u64) -> Section {
-        loop {
-            let r = section(c.base(), mode, delta);
-            if r != Section::Aborted {
-                return r;
+    impl Words {
+        /// A mode word holding `mode`, and `slot`'s base.
+        fn new(mode: usize, slot: &Slot) -> Self {
+            Words {
+                mode: AtomicUsize::new(mode),
+                base: slot.base(),
             }
+        }
+
+        /// Runs the section until the kernel does not abort it.
+        fn section_once(&self, delta: u64) -> Section {
+            loop {
+                // SAFETY: both words are `self`'s, live for the call.
+                let r = unsafe { section(&raw const self.mode, delta) };
+                if r != Section::Aborted {
+                    return r;
+                }
+            }
+        }
+
+        /// [`try_add_at`] on these words.
+        fn try_add(&self, delta: u64) -> bool {
+            // SAFETY: as above.
+            unsafe { try_add_at(&raw const self.mode, delta) }
         }
     }
 
@@ -381,10 +287,8 @@ mod tests {
             let mut checked = 0;
             for _ in 0..10_000 {
                 let id = rseq_abi::current_index().unwrap() as usize;
-                let at = AtomicUsize::new(id);
-                let above = AtomicUsize::new(id + 1);
-                let at_result = section_once(&c, &at, 1);
-                let above_result = section_once(&c, &above, 5);
+                let at_result = Words::new(id, &c).section_once(1);
+                let above_result = Words::new(id + 1, &c).section_once(5);
                 if rseq_abi::current_index() != Some(id as u32) {
                     // The id changed in between: the results say nothing.
                     expected = (0..arena::arena_cpus()).map(|i| c.load(i)).collect();
@@ -417,17 +321,17 @@ mod tests {
             );
             let before = c.sum();
             // Bound 0 (atomic mode, or another backend): nothing counts.
-            let bound_0 = AtomicUsize::new(0);
-            assert_eq!(section_once(&c, &bound_0, 1), Section::NotCounted);
+            let bound_0 = Words::new(0, &c);
+            assert_eq!(bound_0.section_once(1), Section::NotCounted);
             // Atomic mode: the flag sits above the bound, which is 0.
-            let atomic = AtomicUsize::new(super::super::MODE_ATOMIC | super::super::MODE_DEAD);
-            assert_eq!(section_once(&c, &atomic, 1), Section::NotCounted);
+            let atomic = Words::new(super::super::MODE_ATOMIC | super::super::MODE_DEAD, &c);
+            assert_eq!(atomic.section_once(1), Section::NotCounted);
             // Only the low half is the bound: a flag above it is not one.
-            let flags_only = AtomicUsize::new(super::super::MODE_ATOMIC | 1);
+            let flags_only = Words::new(super::super::MODE_ATOMIC | 1, &c);
             if rseq_abi::current_index() != Some(0) {
-                assert_eq!(section_once(&c, &flags_only, 1), Section::NotCounted);
+                assert_eq!(flags_only.section_once(1), Section::NotCounted);
             }
-            assert!(!try_add_at(c.base(), &bound_0, 1));
+            assert!(!bound_0.try_add(1));
             assert_eq!(seal_and_sum(&c).unwrap(), before);
         })
         .join()
@@ -481,18 +385,15 @@ mod tests {
             std::thread::spawn(move || {
                 pin_to(cpu);
                 let c = Slot::alloc();
-                let percpu = AtomicUsize::new(arena::arena_cpus());
+                let percpu = Words::new(arena::arena_cpus(), &c);
                 for _ in 0..1000 {
                     assert!(
-                        try_add_at(c.base(), &percpu, 1),
+                        percpu.try_add(1),
                         "the fast path refused to count on CPU {cpu}"
                     );
                 }
-                let atomic = AtomicUsize::new(super::super::MODE_ATOMIC);
-                assert!(
-                    !try_add_at(c.base(), &atomic, 1),
-                    "counted in atomic mode on CPU {cpu}"
-                );
+                let atomic = Words::new(super::super::MODE_ATOMIC, &c);
+                assert!(!atomic.try_add(1), "counted in atomic mode on CPU {cpu}");
                 assert_eq!(seal_and_sum(&c).unwrap(), 1000);
             })
             .join()

@@ -5,7 +5,7 @@
 //!
 //! glibc (2.35 and later) registers one `struct rseq` per thread at thread
 //! creation and exports where it is: `__rseq_offset` (from the thread
-//! pointer, `%fs:0` on `x86_64`) and `__rseq_size` (0 when registration
+//! pointer, `%fs:0` on `x86_64`, `tpidr_el0` on `aarch64`) and `__rseq_size` (0 when registration
 //! failed or was disabled, e.g. `GLIBC_TUNABLES=glibc.pthread.rseq=0`, or
 //! under valgrind). A thread may register only one area, so this crate
 //! never registers its own: it uses glibc's or none. The symbols are looked
@@ -92,21 +92,47 @@ const MEMBARRIER_CMD_QUERY: libc::c_int = 0;
 const MEMBARRIER_CMD_PRIVATE_EXPEDITED_RSEQ: libc::c_int = 1 << 7;
 const MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED_RSEQ: libc::c_int = 1 << 8;
 
-/// Where the fast path finds this thread's rseq area and the id that
-/// indexes the arena, as offsets from the thread pointer (see
-/// [`rseq_offset`] and [`index_offset`]); 0 until [`available`] ran. One
-/// cache line: the section loads both.
+/// Where the fast path finds this thread's rseq area, the id that indexes
+/// the arena and the area's `rseq_cs`, as offsets from the thread pointer
+/// (see [`rseq_offset`] and [`index_offset`]); 0 until [`available`] ran.
+/// One cache line: the section loads `index` and `rseq_cs` (aarch64 in
+/// one `ldp`: they are adjacent, in that order).
 static OFFSETS: Offsets = Offsets {
     area: AtomicIsize::new(0),
     index: AtomicIsize::new(0),
+    rseq_cs: AtomicIsize::new(0),
 };
 
-#[repr(C, align(16))]
-struct Offsets {
-    /// The rseq area's (`rseq_cs` is at `area + RSEQ_CS_OFFSET`).
+#[repr(C, align(32))]
+pub(crate) struct Offsets {
+    /// The rseq area's.
     area: AtomicIsize,
     /// The index's: `area + MM_CID_OFFSET` or `area + CPU_ID_OFFSET`.
     index: AtomicIsize,
+    /// `area + RSEQ_CS_OFFSET`.
+    rseq_cs: AtomicIsize,
+}
+
+/// Stores the offsets of an area at `area` whose index field is at
+/// `index` within it. Every thread that stores them stores the same values
+/// (the process's C library and kernel decide them), before the answer
+/// that publishes them.
+fn set_offsets(area: isize, index: usize) {
+    OFFSETS.area.store(area, Ordering::Relaxed);
+    OFFSETS
+        .index
+        .store(area + index.cast_signed(), Ordering::Relaxed);
+    OFFSETS
+        .rseq_cs
+        .store(area + RSEQ_CS_OFFSET.cast_signed(), Ordering::Relaxed);
+}
+
+/// [`OFFSETS`] itself, for a section that loads two of them with one
+/// instruction.
+#[cfg(target_arch = "aarch64")]
+#[inline(always)]
+pub(crate) fn offsets() -> &'static Offsets {
+    &OFFSETS
 }
 
 /// Set only by the instruction-counting hook: no membarrier, one thread.
@@ -206,6 +232,20 @@ pub(crate) fn index_offset() -> isize {
     OFFSETS.index.load(Ordering::Relaxed)
 }
 
+/// Where `cpu_id` is, as an offset from the thread pointer (the aarch64
+/// mutants that mix up the ids read it).
+#[cfg(all(
+    target_arch = "aarch64",
+    any(
+        percpu_ref_mutant = "rseq_bound_by_cpu_id",
+        percpu_ref_mutant = "rseq_add_by_cpu_id"
+    )
+))]
+#[inline(always)]
+pub(crate) fn cpu_id_offset() -> isize {
+    rseq_offset() + CPU_ID_OFFSET.cast_signed()
+}
+
 /// The answer for this process (the index chosen is in [`OFFSETS`]), and a
 /// warning about `PERCPU_REF_INDEX` where its value was not honoured.
 fn detect() -> (u8, Option<String>) {
@@ -215,14 +255,15 @@ fn detect() -> (u8, Option<String>) {
     // Until the index is chosen it is `cpu_id`, inside the area: where the
     // answer is NO every bound is 0 and the id is read, never used.
     let offset = area.map_or_else(stand_in_offset, |(offset, _)| offset);
-    OFFSETS.area.store(offset, Ordering::Relaxed);
-    OFFSETS
-        .index
-        .store(offset + CPU_ID_OFFSET.cast_signed(), Ordering::Relaxed);
+    set_offsets(offset, CPU_ID_OFFSET);
     let Some((offset, size)) = area else {
         return (NO, None);
     };
-    if size < MIN_RSEQ_SIZE || current_cpu_id(offset) < 0 || !membarrier_register() {
+    if size < MIN_RSEQ_SIZE
+        || current_cpu_id(offset) < 0
+        || !commit_instruction_available()
+        || !membarrier_register()
+    {
         return (NO, None);
     }
     // SAFETY: getauxval has no preconditions; it returns 0 for an entry
@@ -230,11 +271,20 @@ fn detect() -> (u8, Option<String>) {
     let feature_size = unsafe { libc::getauxval(AT_RSEQ_FEATURE_SIZE) };
     let (by_mm_cid, warning) = choose_index(feature_size >= MM_CID_FEATURE_SIZE, feature_size);
     if by_mm_cid {
-        OFFSETS
-            .index
-            .store(offset + MM_CID_OFFSET.cast_signed(), Ordering::Relaxed);
+        set_offsets(offset, MM_CID_OFFSET);
     }
     (YES, warning)
+}
+
+/// Whether this CPU has the section's one-instruction commit: always on
+/// `x86_64` (`add` to memory); on `aarch64` the LSE atomics (ARMv8.1,
+/// `HWCAP_ATOMICS`), whose `stadd` no preemption can split (see
+/// `rseq/aarch64.rs`). Without them the process takes the sharded backend.
+fn commit_instruction_available() -> bool {
+    #[cfg(target_arch = "aarch64")]
+    return std::arch::is_aarch64_feature_detected!("lse");
+    #[cfg(not(target_arch = "aarch64"))]
+    true
 }
 
 /// The environment variable that forces the rseq section's index.
@@ -282,7 +332,7 @@ fn choose_index(mm_cid: bool, feature_size: libc::c_ulong) -> (bool, Option<Stri
 // different offset. The symbol is hidden and carries the crate version,
 // so that two copies of the crate in one program do not clash.
 std::arch::global_asm!(
-    ".pushsection .tbss.percpu_ref_stand_in_rseq_area,\"awT\",@nobits",
+    ".pushsection .tbss.percpu_ref_stand_in_rseq_area,\"awT\",%nobits",
     ".balign 32",
     concat!(
         ".globl percpu_ref_stand_in_rseq_area_",
@@ -295,7 +345,7 @@ std::arch::global_asm!(
     concat!(
         ".type percpu_ref_stand_in_rseq_area_",
         env!("CARGO_PKG_VERSION"),
-        ", @tls_object"
+        ", %tls_object"
     ),
     concat!(
         ".size percpu_ref_stand_in_rseq_area_",
@@ -316,9 +366,20 @@ fn stand_in_offset() -> isize {
     let offset: isize;
     // SAFETY: loads the linker-provided TLS offset of the area defined
     // above from the GOT; reads nothing else.
+    #[cfg(target_arch = "x86_64")]
     unsafe {
         std::arch::asm!(
             concat!("mov {}, qword ptr [rip + percpu_ref_stand_in_rseq_area_", env!("CARGO_PKG_VERSION"), "@GOTTPOFF]"),
+            out(reg) offset,
+            options(nostack, readonly, preserves_flags),
+        );
+    }
+    // SAFETY: as above (the initial-exec sequence of the aarch64 TLS ABI).
+    #[cfg(target_arch = "aarch64")]
+    unsafe {
+        std::arch::asm!(
+            concat!("adrp {0}, :gottprel:percpu_ref_stand_in_rseq_area_", env!("CARGO_PKG_VERSION")),
+            concat!("ldr {0}, [{0}, :gottprel_lo12:percpu_ref_stand_in_rseq_area_", env!("CARGO_PKG_VERSION"), "]"),
             out(reg) offset,
             options(nostack, readonly, preserves_flags),
         );
@@ -354,11 +415,27 @@ fn glibc_rseq_area() -> Option<(isize, u32)> {
 
 /// The thread pointer (`%fs:0`, which the `x86_64` TLS ABI makes point to
 /// itself).
+#[cfg(target_arch = "x86_64")]
 fn thread_pointer() -> usize {
     let tp: usize;
     // SAFETY: reads the TCB self-pointer, which glibc sets for every thread.
     unsafe {
         std::arch::asm!("mov {}, qword ptr fs:[0]", out(reg) tp, options(nostack, readonly, preserves_flags));
+    }
+    tp
+}
+
+/// The thread pointer (`tpidr_el0`). `pure` and `nomem`: a register that
+/// only the thread's own C library sets, once, so the compiler may read it
+/// once per function and keep it out of loops.
+#[cfg(target_arch = "aarch64")]
+#[inline(always)]
+pub(crate) fn thread_pointer() -> usize {
+    let tp: usize;
+    // SAFETY: reads a system register that user space may read; touches
+    // no memory.
+    unsafe {
+        std::arch::asm!("mrs {}, tpidr_el0", out(reg) tp, options(pure, nomem, nostack, preserves_flags));
     }
     tp
 }
@@ -468,10 +545,7 @@ pub(crate) fn aborts() -> u64 {
 pub unsafe fn force_fake_area_for_instruction_counting() {
     let area: &'static mut [u64; 4] = Box::leak(Box::new([0u64; 4]));
     let offset = (area.as_mut_ptr() as usize).wrapping_sub(thread_pointer()) as isize;
-    OFFSETS.area.store(offset, Ordering::Relaxed);
-    OFFSETS
-        .index
-        .store(offset + MM_CID_OFFSET.cast_signed(), Ordering::Relaxed);
+    set_offsets(offset, MM_CID_OFFSET);
     FORCED.store(true, Ordering::Relaxed);
     assert!(
         // ordering-audit: kept: publishes the offset (Release); instruction
@@ -501,8 +575,15 @@ mod tests {
     #[test]
     fn stand_in_area_is_this_threads_own_static_tls() {
         let offset = stand_in_offset();
-        // x86_64 uses TLS variant II: static TLS blocks lie below the TCB.
+        // x86_64 uses TLS variant II: static TLS blocks lie below the TCB;
+        // aarch64 variant I: above the TCB's 16 bytes.
+        #[cfg(target_arch = "x86_64")]
         assert!(offset < 0, "stand-in offset {offset} is not in static TLS");
+        #[cfg(target_arch = "aarch64")]
+        assert!(
+            offset >= 16,
+            "stand-in offset {offset} is not in static TLS"
+        );
         let mine = stand_in_area();
         assert_eq!(mine as usize % 32, 0, "stand-in area misaligned");
         // SAFETY: the area is this thread's 32 bytes of TLS, 8-aligned;

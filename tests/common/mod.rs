@@ -119,10 +119,19 @@ pub fn report_counts() {
 /// of the system calls `nrs` with `errno` (as a sandbox applied after
 /// start-up would); every other call is allowed. Threads this thread
 /// creates afterwards inherit it.
-#[cfg(all(target_os = "linux", target_arch = "x86_64", not(miri)))]
+#[cfg(all(
+    target_os = "linux",
+    any(target_arch = "x86_64", target_arch = "aarch64"),
+    not(miri)
+))]
 pub fn fail_syscalls_on_this_thread(nrs: &[libc::c_long], errno: libc::c_int) {
     use libc::{sock_filter, sock_fprog};
-    const AUDIT_ARCH_X86_64: u32 = 0xc000_003e;
+    // The audit architecture the filter admits (`AUDIT_ARCH_X86_64`,
+    // `AUDIT_ARCH_AARCH64`): a call of another ABI is failed, not allowed.
+    #[cfg(target_arch = "x86_64")]
+    const AUDIT_ARCH: u32 = 0xc000_003e;
+    #[cfg(target_arch = "aarch64")]
+    const AUDIT_ARCH: u32 = 0xc000_00b7;
     let stmt = |code: u16, k: u32| sock_filter {
         code,
         jt: 0,
@@ -141,7 +150,7 @@ pub fn fail_syscalls_on_this_thread(nrs: &[libc::c_long], errno: libc::c_int) {
     // arch check, load nr, one jump per call, allow, fail.
     let mut prog = vec![
         stmt(ld, 4), // seccomp_data.arch
-        jeq(AUDIT_ARCH_X86_64, 0, n + 1),
+        jeq(AUDIT_ARCH, 0, n + 1),
         stmt(ld, 0), // seccomp_data.nr
     ];
     for (i, &nr) in nrs.iter().enumerate() {
