@@ -465,7 +465,7 @@ impl Slot {
     ///
     /// The rseq section reads the base itself, as the word after the mode
     /// word (`Counters`); the rseq tests build such words with this.
-    #[cfg(all(test, percpu_ref_rseq))]
+    #[cfg(test)]
     pub(crate) fn base(&self) -> *mut u8 {
         self.base.as_ptr()
     }

@@ -24,9 +24,13 @@
 //! the id passed to) would lose that thread's adds. One instruction cannot
 //! be split by any preemption, whatever the kernel does: the only commits
 //! of this section are `stadd`s, atomic with respect to every other write
-//! of the counter. It costs what a plain add to a cache line this CPU owns
-//! costs on the Neoverse cores (an LSE "near" atomic, no exclusive
-//! monitor, no loop, no barrier).
+//! of the counter: no exclusive monitor, no loop, no barrier, and two
+//! instructions fewer than load, add, store. What it costs on hardware was
+//! not measured (no aarch64 machine here): a core that performs the atomic
+//! in its own L1 (the line is this CPU's, written by no other) pays about
+//! a store; one that sends every LSE atomic out to the interconnect would
+//! pay more, and then load, add, store on a kernel proven to abort on every
+//! preemption is the alternative to measure.
 //!
 //! A CPU without LSE (ARMv8.0: Cortex-A53/A57/A72, Graviton 1) gets the
 //! sharded backend instead ([`rseq_abi`](super::super::rseq_abi) checks
@@ -40,10 +44,12 @@
 //! slot's base, which never changes while a ref lives). The switch to percpu mode
 //! zeroes the slot's counters and then stores the bound with a release
 //! store; a section that loaded that bound commits only after its compare
-//! and branch, and Arm never lets a store (nor an atomic's write) become
-//! visible before a load its execution depends on through a branch: the
-//! zeroes are therefore ordered before the `stadd`'s write, which adds to
-//! them. The switch back to atomic mode is covered, as on `x86_64`, by the
+//! and branch, to an address computed from the base the same `ldp`
+//! loaded, and Arm never lets a store (nor an atomic's write) become
+//! visible before a load it depends on through a branch or an address:
+//! the zeroes are therefore ordered before the `stadd`'s write, which adds
+//! to them. No acquire: the kernel's `percpu_ref_get` relies on the same
+//! address dependency from its `READ_ONCE` of the counter pointer. The switch back to atomic mode is covered, as on `x86_64`, by the
 //! `membarrier` grace period, not by any order of the section's loads.
 
 use super::super::arena::REGION_SHIFT;
