@@ -199,9 +199,11 @@
 //! What the cost depends on:
 //!
 //! - **get and put** on the rseq backend are a restartable sequence that
-//!   ends in one plain `add` to this CPU's counter: 22 instructions for a
-//!   get + put pair and no atomic instruction (CI counts them with
-//!   callgrind and fails above 22). The counter is picked by the thread's
+//!   ends in one plain `add` to this CPU's counter (aarch64: one LSE
+//!   `stadd`): 22 instructions for a get + put pair and, on `x86_64`, no
+//!   atomic instruction (CI counts them with callgrind on `x86_64` and in
+//!   the disassembly on `aarch64`, and fails above 22; every time quoted
+//!   here is `x86_64`'s). The counter is picked by the thread's
 //!   `mm_cid` (Linux 6.3+) or its CPU ([`percpu::index`]), so a ref's
 //!   memory grows with the threads that use it at once, not with every CPU
 //!   they ran on. Nothing is shared between CPUs, so the

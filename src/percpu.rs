@@ -382,7 +382,9 @@ pub(crate) const PERCPU_N_LIMIT: u64 = 1 << 16;
 #[non_exhaustive]
 pub enum Backend {
     /// Restartable-sequence per-CPU counters with a `membarrier` grace
-    /// period: no atomic instruction on the fast path (Linux only).
+    /// period (Linux on `x86_64`, and on `aarch64` with LSE atomics): one
+    /// `add` to this CPU's counter on `x86_64`, no atomic instruction; one
+    /// `stadd` on `aarch64`.
     Rseq,
     /// Atomic shards, one per possible CPU in the per-CPU arena, indexed
     /// per thread and sealed by the switcher: one uncontended `lock xadd`

@@ -311,6 +311,15 @@ impl<F: FnMut()> Drop for OnDrop<F> {
 /// unit, which it gives up.
 pub(super) unsafe fn drop_unit<T>(ptr: *const ()) {
     let p = ptr.cast::<Inner<T>>().cast_mut();
+    // A model that failed unwinds and loom then drops the closures of the
+    // threads it never ran, outside any execution, where every loom access
+    // panics: a panic during unwinding aborts the test binary, and with it
+    // the report of every other model in it. Leak the unit instead; the
+    // model has failed already.
+    #[cfg(percpu_ref_loom)]
+    if std::thread::panicking() {
+        return;
+    }
     // The last access made under our unit, as loom sees it.
     // SAFETY: the caller's unit keeps the block alive for this access.
     #[cfg(percpu_ref_loom)]
