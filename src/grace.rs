@@ -99,6 +99,12 @@
 //! them free and no batch half done. In the child the engine thread does
 //! not exist: it is marked not running, and the next deferred switch or
 //! `flush` starts a new one; entries queued but not yet taken stay queued.
+//! That one is started with `pthread_create`, not `std::thread`: std's
+//! thread start and exit take a lock of std's own (the stack-overflow
+//! handler's table of threads) that no fork handler takes, so a `fork`
+//! while any other thread of the parent starts or exits leaves it held in
+//! the child for good, and a `std::thread` started there blocks on it
+//! before running a line of its closure ([`spawn_engine_after_fork`]).
 //! A fork from inside a `confirm` or `release` on the engine thread does
 //! not wait for its own batch: the child's only thread is then the engine
 //! itself, which finishes the batch there.
@@ -756,8 +762,21 @@ pub(crate) fn hurry() {
 #[cfg(not(percpu_ref_loom))]
 #[must_use]
 fn start_engine(q: &mut Queue) -> Option<Batch> {
+    // mutant engine_std_thread_after_fork: a forked child starts its engine
+    // with std::thread too (plain test: tests/deferred_fork.rs,
+    // fork_while_threads_start_and_exit, whose child then hangs).
+    #[cfg(all(unix, not(miri)))]
+    if in_forked_child() && !mutated!("engine_std_thread_after_fork") {
+        return match spawn_engine_after_fork() {
+            Ok(()) => {
+                q.running = true;
+                None
+            }
+            Err(err) => Some(refuse_engine(q, &err)),
+        };
+    }
     let spawned = std::thread::Builder::new()
-        .name("percpu-ref-gp".into())
+        .name(ENGINE_NAME.into())
         .spawn(engine_main);
     match spawned {
         #[cfg_attr(not(miri), allow(unused_variables))]
@@ -771,17 +790,89 @@ fn start_engine(q: &mut Queue) -> Option<Batch> {
             }
             None
         }
-        Err(err) => {
-            eprintln!(
-                "percpu_ref: cannot start the grace-period engine thread ({err}); completing \
-                 {} deferred switches on the calling thread",
-                q.entries.len()
-            );
-            // Completing runs user callbacks, which may queue: not under
-            // the queue lock; the caller completes it once it dropped it.
-            Some(take_batch(q))
-        }
+        Err(err) => Some(refuse_engine(q, &err)),
     }
+}
+
+/// The engine thread's name (for `ps`, debuggers and panic messages).
+#[cfg(not(percpu_ref_loom))]
+const ENGINE_NAME: &str = "percpu-ref-gp";
+
+/// The system refused a thread: takes the queue, for the caller to complete
+/// (see [`start_engine`]).
+#[cfg(not(percpu_ref_loom))]
+fn refuse_engine(q: &mut Queue, err: &std::io::Error) -> Batch {
+    eprintln!(
+        "percpu_ref: cannot start the grace-period engine thread ({err}); completing {} \
+         deferred switches on the calling thread",
+        q.entries.len()
+    );
+    // Completing runs user callbacks, which may queue: not under the queue
+    // lock; the caller completes it once it dropped it.
+    take_batch(q)
+}
+
+/// Set by [`child_after_fork`]: this process is a child of a `fork` (of a
+/// process that may have had other threads), and starts its engine with
+/// [`spawn_engine_after_fork`].
+#[cfg(all(unix, not(miri), not(percpu_ref_loom)))]
+static FORKED_CHILD: AtomicBool = AtomicBool::new(false);
+
+#[cfg(all(unix, not(miri), not(percpu_ref_loom)))]
+fn in_forked_child() -> bool {
+    // ordering-audit: Relaxed: written by the child's only thread in its
+    // fork handler, before the child runs any other code; every thread of
+    // the child is started after that.
+    FORKED_CHILD.load(Ordering::Relaxed)
+}
+
+/// Starts the engine thread in a child after `fork`, with `pthread_create`
+/// rather than `std::thread`.
+///
+/// std's thread start (and exit) takes `stack_overflow::thread_info::LOCK`,
+/// a std mutex with no fork handler. If another thread of the parent
+/// was starting or exiting at the `fork`, the child inherits it held by a
+/// thread that does not exist there, and every `std::thread` started in the
+/// child blocks on it before running its closure. `tests/deferred_fork`'s
+/// `fork_while_threads_start_and_exit` hung that way (the engine on that
+/// lock, the child's main thread waiting for the engine) on 6 runs of 6
+/// before this. This thread has the kernel name `percpu-ref-gp`, but no
+/// name for std (a panic message says `<unnamed>`) and no stack-overflow
+/// message (an overflow is a plain SIGSEGV); a panic that escapes the
+/// engine, which catches those of confirms and releases, aborts the child
+/// (it cannot unwind into C).
+#[cfg(all(unix, not(miri), not(percpu_ref_loom)))]
+fn spawn_engine_after_fork() -> std::io::Result<()> {
+    extern "C" fn start(_: *mut libc::c_void) -> *mut libc::c_void {
+        #[cfg(target_os = "linux")]
+        {
+            let name = std::ffi::CString::new(ENGINE_NAME).expect("no NUL in the name");
+            // SAFETY: names the calling thread; `name` is NUL-terminated,
+            // 14 bytes with the NUL (the kernel's limit is 16), and lives
+            // across the call.
+            unsafe { libc::pthread_setname_np(libc::pthread_self(), name.as_ptr()) };
+        }
+        engine_main();
+        std::ptr::null_mut()
+    }
+    let mut thread = std::mem::MaybeUninit::<libc::pthread_t>::uninit();
+    // SAFETY: `thread` is written by a successful call; default attributes
+    // (the C library's stack size); `start` ignores its argument.
+    let rc = unsafe {
+        libc::pthread_create(
+            thread.as_mut_ptr(),
+            std::ptr::null(),
+            start,
+            std::ptr::null_mut(),
+        )
+    };
+    if rc != 0 {
+        return Err(std::io::Error::from_raw_os_error(rc));
+    }
+    // SAFETY: the call succeeded, so `thread` is a joinable thread that
+    // nothing else joins or detaches.
+    unsafe { libc::pthread_detach(thread.assume_init()) };
+    Ok(())
 }
 
 /// Completes, on the calling thread, a batch that [`start_engine`] could
@@ -943,6 +1034,8 @@ pub(crate) fn parent_after_fork() {
 /// the locks.
 #[cfg(all(unix, not(miri), not(percpu_ref_loom)))]
 pub(crate) fn child_after_fork() {
+    // ordering-audit: Relaxed: see `in_forked_child`.
+    FORKED_CHILD.store(true, Ordering::Relaxed);
     let engine_thread = on_engine();
     // SAFETY: `fork` runs this in the child on the thread whose
     // `prepare_fork` took them (the child's only thread).

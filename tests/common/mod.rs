@@ -74,6 +74,7 @@ pub fn wait_or_kill(pid: libc::pid_t, timeout: std::time::Duration) -> Option<li
             return Some(status);
         }
         if std::time::Instant::now() >= deadline {
+            describe_hung_child(pid);
             // SAFETY: kills and reaps our own child.
             unsafe {
                 libc::kill(pid, libc::SIGKILL);
@@ -82,6 +83,37 @@ pub fn wait_or_kill(pid: libc::pid_t, timeout: std::time::Duration) -> Option<li
             return None;
         }
         std::thread::sleep(std::time::Duration::from_micros(200));
+    }
+}
+
+/// Prints where each thread of a hung child `pid` waits (its state, kernel
+/// wait channel and system call, from `/proc`), so that a hang in a guest
+/// or a CI log can be told from a slow child without a rerun.
+#[cfg(all(unix, not(miri)))]
+fn describe_hung_child(pid: libc::pid_t) {
+    let read = |p: &std::path::Path| {
+        std::fs::read_to_string(p)
+            .map(|s| s.trim().to_string())
+            .unwrap_or_else(|e| format!("({e})"))
+    };
+    let tasks = std::path::PathBuf::from(format!("/proc/{pid}/task"));
+    let Ok(dir) = std::fs::read_dir(&tasks) else {
+        eprintln!("hung child {pid}: {} unreadable", tasks.display());
+        return;
+    };
+    for task in dir.flatten() {
+        let t = task.path();
+        let stat = read(&t.join("stat"));
+        // The state is the field after the parenthesised name.
+        let state = stat.rsplit(") ").next().and_then(|s| s.split(' ').next());
+        eprintln!(
+            "hung child {pid} thread {}: {} state={} wchan={} syscall={}",
+            task.file_name().to_string_lossy(),
+            read(&t.join("comm")),
+            state.unwrap_or("?"),
+            read(&t.join("wchan")),
+            read(&t.join("syscall")),
+        );
     }
 }
 
