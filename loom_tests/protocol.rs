@@ -13,7 +13,7 @@
 //! ```
 //!
 //! Each model sets its own default preemption bound (3; 2 for the 3-thread
-//! `tryget_vs_final_put`); `LOOM_MAX_PREEMPTIONS` overrides it. `scripts/loom-mutants`
+//! ones); `LOOM_MAX_PREEMPTIONS` overrides it. `scripts/loom-mutants`
 //! runs every model against every mutant (`--cfg percpu_ref_mutant="..."`)
 //! and prints which models catch which mutant.
 
@@ -26,6 +26,7 @@ use loom::sync::atomic::{AtomicBool, AtomicUsize, Ordering::SeqCst};
 use loom::sync::Arc;
 use loom::thread;
 use percpu_ref::{Backend, Error, InitFlags, PercpuRef};
+use std::panic::{catch_unwind, AssertUnwindSafe};
 
 /// What the release callback and the threads of a model observe.
 #[derive(Default)]
@@ -116,6 +117,18 @@ fn spawn_tryget_live_checker(r: &Arc<PercpuRef>, p: &Arc<Probe>) -> thread::Join
         let confirmed = p.confirmed.load(SeqCst);
         if r.tryget_live() {
             assert!(!confirmed, "tryget_live succeeded after confirm");
+            p.held.fetch_add(1, SeqCst);
+            p.put(&r);
+        }
+    })
+}
+
+/// A thread that tries `tryget` once and, if it got a reference, counts it
+/// as held (the probe's release checks that none is) and puts it.
+fn spawn_tryer(r: &Arc<PercpuRef>, p: &Arc<Probe>) -> thread::JoinHandle<()> {
+    let (r, p) = (r.clone(), p.clone());
+    spawn(move || {
+        if r.tryget() {
             p.held.fetch_add(1, SeqCst);
             p.put(&r);
         }
@@ -491,15 +504,7 @@ fn percpu_switch_vs_atomic_put_and_tryget(backend: Backend) {
         let (r, p) = (r.clone(), p.clone());
         spawn(move || p.put(&r))
     };
-    let tryer = {
-        let (r, p) = (r.clone(), p.clone());
-        spawn(move || {
-            if r.tryget() {
-                p.held.fetch_add(1, SeqCst);
-                p.put(&r);
-            }
-        })
-    };
+    let tryer = spawn_tryer(&r, &p);
     let switched = r.switch_to_percpu();
     putter.join().unwrap();
     tryer.join().unwrap();
@@ -514,6 +519,196 @@ fn percpu_switch_vs_atomic_put_and_tryget(backend: Backend) {
         }
         Err(e) => panic!("unexpected switch_to_percpu error: {e}"),
     }
+}
+
+// ----- 9. the atomic counter's zones ----------------------------------------
+//
+// Atomic-mode operations are one unconditional add or sub each, classified
+// by the zone the value they return lies in (src/atomic_mode.rs). These
+// models race the transitions between zones; they run in atomic mode only
+// (`INIT_ATOMIC`), so on the sharded backend alone, as `kill_atomic_vs_put`.
+
+/// Model 9a: the last holder's put races a tryget. The put's `fetch_sub`
+/// lands on zero and elects the release (a compare-and-swap from 0 to
+/// `RELEASED`); the tryget's `fetch_add` may land before the election (it
+/// counts, and the put finds itself not the last) or after it (it lands in
+/// the released zone, fails, and gives its increment back). The release
+/// runs exactly once, never while a reference is held, and no tryget
+/// succeeds once it has run. Catches `zero_landing_no_election`.
+fn final_put_vs_tryget_atomic(backend: Backend) {
+    let p = Probe::new(1); // the holder's (base) reference
+    let r = counting_ref(&p, InitFlags::INIT_ATOMIC, backend);
+    let holder = {
+        let (r, p) = (r.clone(), p.clone());
+        spawn(move || p.put(&r))
+    };
+    let released = p.releases() > 0;
+    if r.tryget() {
+        assert!(!released, "tryget succeeded after release");
+        p.held.fetch_add(1, SeqCst);
+        p.put(&r);
+    }
+    holder.join().unwrap();
+    assert_eq!(p.releases(), 1, "release must run exactly once");
+    assert!(r.is_zero() && !r.tryget(), "released is sticky");
+}
+
+/// Model 9b: a tryget lands on a released count while the owner revives
+/// it (`reinit`) and puts the new base reference. A tryget that fails
+/// leaves an excursion, its increment, until it gives it back; the
+/// revival keeps it (it shifts the counter from `RELEASED` to one
+/// reference), so whichever lands last on zero, the owner's put or the
+/// give-back, elects the second release. Exactly two releases, never with
+/// a reference held. Catches `dead_zone_no_give_back`,
+/// `give_back_no_election` and `revive_stores_one`.
+fn tryget_in_released_zone_vs_reinit(backend: Backend) {
+    let p = Probe::new(1); // the base reference
+    let r = counting_ref(&p, InitFlags::INIT_ATOMIC, backend);
+    p.put(&r); // released
+    let tryer = spawn_tryer(&r, &p);
+    // The revived base reference, counted as held from before it exists.
+    p.held.fetch_add(1, SeqCst);
+    r.reinit().unwrap();
+    p.put(&r);
+    tryer.join().unwrap();
+    assert_eq!(p.releases(), 2, "each life releases exactly once");
+    assert!(r.is_zero() && r.atomic_count() == Some(0));
+}
+
+/// Model 9c: two gets push a count at `MAX_COUNT` past it while a put
+/// races them, so that a get or the put may land from the saturated zone.
+/// At least one get overflows (it panics), and saturation is sticky: the
+/// counter is parked for good, whatever lands after, so putting every
+/// reference back never releases the ref. Catches `saturation_gives_back`.
+fn saturation_vs_put(backend: Backend) {
+    const MAX_COUNT: usize = (1 << 62) - 1;
+    quiet_overflow_panics();
+    let p = Probe::new(0);
+    let r = counting_ref(&p, InitFlags::INIT_ATOMIC, backend);
+    r.get_many(MAX_COUNT - 1); // with the base reference: the limit
+    let get = |r: &PercpuRef| catch_unwind(AssertUnwindSafe(|| r.get())).is_err();
+    let getter = {
+        let r = r.clone();
+        thread::spawn(move || get(&r))
+    };
+    let putter = {
+        let r = r.clone();
+        spawn(move || r.put())
+    };
+    let mine = get(&r);
+    let theirs = getter.join().unwrap();
+    putter.join().unwrap();
+    assert!(mine || theirs, "MAX_COUNT + 1 references counted");
+    assert_eq!(r.atomic_count(), None, "the saturated count is parked");
+    r.put_many(MAX_COUNT);
+    r.put();
+    assert_eq!(p.releases(), 0, "a saturated ref released");
+    assert!(matches!(
+        r.switch_to_percpu(),
+        Err(Error::Miscounted { .. })
+    ));
+}
+
+/// Memory written and read without synchronisation of its own, so that
+/// loom reports every access the ref's orderings do not order.
+#[derive(Default)]
+struct Payload(loom::cell::UnsafeCell<u64>);
+
+// SAFETY: every access goes through loom's checked `with`/`with_mut`; a
+// model that lets two race fails.
+unsafe impl Sync for Payload {}
+
+impl Payload {
+    fn write(&self) {
+        // SAFETY: loom checks that no other access races this one.
+        self.0.with_mut(|v| unsafe { *v += 1 });
+    }
+
+    fn read(&self) -> u64 {
+        // SAFETY: as in `write`.
+        self.0.with(|v| unsafe { *v })
+    }
+}
+
+/// Model 9d: `_many` calls with `n >= 2^16` are checked compare-and-swap
+/// loops, not one add; their orderings must do what the small path's do.
+/// Two holders each write their own payload and then put: one with a large
+/// `put_many`, one with a small `put`, so either may be the last. The
+/// release reads both payloads: the last put must acquire the other's
+/// writes, and the other's put must publish them.
+fn large_put_publishes_and_acquires(backend: Backend) {
+    const N: usize = 1 << 16;
+    let (mine, theirs) = (Arc::new(Payload::default()), Arc::new(Payload::default()));
+    let p = Probe::new(0);
+    let r = {
+        let (mine, theirs, p) = (mine.clone(), theirs.clone(), p.clone());
+        Arc::new(
+            PercpuRef::with_backend(
+                move |_| {
+                    assert_eq!(mine.read() + theirs.read(), 2, "a write not yet made");
+                    p.releases.fetch_add(1, SeqCst);
+                },
+                InitFlags::INIT_ATOMIC,
+                backend,
+            )
+            .unwrap(),
+        )
+    };
+    r.get_many(N); // the other holder's references
+    let other = {
+        let (r, theirs) = (r.clone(), theirs.clone());
+        spawn(move || {
+            theirs.write();
+            r.put_many(N);
+        })
+    };
+    mine.write();
+    r.put(); // the base reference
+    other.join().unwrap();
+    assert_eq!(p.releases(), 1, "release must run exactly once");
+}
+
+/// Model 9e: the owner writes a payload, then revives a released ref;
+/// another thread's `tryget_many` of `n >= 2^16` that succeeds takes its
+/// references from the revival's base reference, so it must see the
+/// payload (the revival publishes, the checked tryget acquires).
+fn large_tryget_sees_the_revival(backend: Backend) {
+    const N: usize = 1 << 16;
+    let payload = Arc::new(Payload::default());
+    let p = Probe::new(0);
+    let r = counting_ref(&p, InitFlags::INIT_ATOMIC, backend);
+    r.put(); // released
+    let tryer = {
+        let (r, payload) = (r.clone(), payload.clone());
+        spawn(move || {
+            if r.tryget_many(N) {
+                assert_eq!(payload.read(), 1, "the revival's write not seen");
+                r.put_many(N);
+            }
+        })
+    };
+    payload.write();
+    r.reinit().unwrap();
+    tryer.join().unwrap();
+    assert_eq!(r.atomic_count(), Some(1), "the revived base reference");
+}
+
+/// Silences the default panic message of the overflows `saturation_vs_put`
+/// expects (one per execution); every other panic is reported as before.
+fn quiet_overflow_panics() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        let report = std::panic::take_hook();
+        std::panic::set_hook(Box::new(move |info| {
+            let msg = info
+                .payload()
+                .downcast_ref::<String>()
+                .map_or("", String::as_str);
+            if !msg.contains("count overflow") {
+                report(info);
+            }
+        }));
+    });
 }
 
 // ----- the tests ------------------------------------------------------------
@@ -536,4 +731,9 @@ models! {
     tryget_live_vs_kill_init_atomic: preemptions 3, backends [sharded];
     tryget_live_vs_kill_sticky_atomic: preemptions 3, backends [sharded, rseq_model];
     percpu_switch_vs_atomic_put_and_tryget: preemptions 2, backends [sharded, rseq_model];
+    final_put_vs_tryget_atomic: preemptions 3, backends [sharded];
+    tryget_in_released_zone_vs_reinit: preemptions 3, backends [sharded];
+    saturation_vs_put: preemptions 2, backends [sharded];
+    large_put_publishes_and_acquires: preemptions 3, backends [sharded];
+    large_tryget_sees_the_revival: preemptions 3, backends [sharded];
 }

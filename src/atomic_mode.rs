@@ -1,4 +1,5 @@
-//! The shared atomic counter a ref uses in atomic mode.
+//! The shared atomic counter a ref uses in atomic mode: one unconditional
+//! read-modify-write per operation, as the kernel's `rcuref_t`.
 //!
 //! While a ref is in percpu mode its atomic counter holds `BIAS + a`, where
 //! `a` is whatever was added to it directly (the base ref at init, atomic
@@ -8,28 +9,95 @@
 //! folds the per-CPU sum in as `sum - BIAS`; from then on the counter holds
 //! the true count, and the put that brings it to zero releases the ref.
 //!
-//! # Ranges
+//! # One add, and the zone it lands in
 //!
-//! A true count is at most [`MAX_COUNT`] (`2^62 - 1`); a switch's temporary
-//! reference may take it one higher. The counter's value says what it
-//! holds:
+//! A get, tryget or put of `n < 2^16` references (every `get`, `put`,
+//! `tryget` and `tryget_live`, and the small `_many` calls) is one
+//! `fetch_add` or `fetch_sub` with no test before it: no compare-and-swap
+//! loop, so no retry under contention. The value it returns says where the
+//! operation landed, because the counter's range is split into zones wide
+//! enough that no sequence of such operations can cross from one zone into
+//! another unnoticed:
 //!
-//! | value | meaning |
-//! |---|---|
-//! | `0 ..= 2^62` | the true count (atomic mode, folded), plus a switch's temporary reference |
-//! | `2^62 + 1 ..= BIAS + 2^62` | `BIAS + a` with `a` in `(-2^62, 2^62]`: percpu mode or a switch in progress; in atomic mode, a *miscounted* ref (below) |
+//! | zone | values | what it holds |
+//! |---|---|---|
+//! | zero | `0` | a put just took the true count to zero; the release is being elected |
+//! | live | `1 ..= 2^62` | the true count, plus a switch's temporary reference |
+//! | saturated | `2^62 + 1 ..= 2^62 + 2^60` | a true count pushed past [`MAX_COUNT`] (being parked) |
+//! | biased | `2^62 + 2^60 + 1 ..= 3·2^62 + 2^60` | `BIAS + a`: percpu mode, a switch before its fold, or a parked counter |
+//! | released | `3·2^62 + 2^60 + 1 ..= 2^64 - 1` | [`RELEASED`] (`0xE000…`), give or take operations in flight; a true count below zero |
 //!
-//! Every operation keeps the counter inside its range and exact even on
-//! misuse: an add or a put that would leave it is refused *before* it
-//! changes anything (a compare-and-swap loop rather than `fetch_add` /
-//! `fetch_sub`), so one bad operation cannot hide the zero crossing of a
-//! correct one, and the counter never wraps. A refused add is an overflow
-//! (a true count above `MAX_COUNT`, or `a` above it), a refused put an
-//! underflow; the caller panics with the count. In percpu mode only `a` is
-//! checked, not the true count `a + (per-CPU sum)`: `a` alone passing
-//! `MAX_COUNT` means more references than a count can hold, unless per-CPU
-//! puts had dropped about 2^62 references that were taken on the atomic
-//! counter first (2^46 calls at the least), which no program does.
+//! Only a landing outside the zone the caller expects takes the slow path
+//! (out of line), which repairs it:
+//!
+//! - **get / tryget** land in live (the common case: one compare) or biased
+//!   (a switch in progress, or parked): counted. From zero: counted too: a
+//!   tryget that lands there before the final put elected its release
+//!   revives the ref, and the put then finds itself not the last (as
+//!   `rcuref_get` racing `rcuref_put`). From released: not counted; the
+//!   operation *gives its `n` back* (a `fetch_sub`), so a dead ref never
+//!   drifts and no one sees a live count. Past `MAX_COUNT`: an overflow, and
+//!   the counter is *parked* in the biased zone, so saturation is sticky.
+//! - **put** lands in live or biased: done. On zero: it elects the release
+//!   with one compare-and-swap from `0` to [`RELEASED`]; the winner runs
+//!   `release`, a loser was overtaken by a reviving tryget. Below zero
+//!   (into released): an underflow; the put gives its `n` back and panics.
+//! - `_many` calls with `n >= 2^16` keep the checked compare-and-swap loop:
+//!   they are refused before they change anything (an overflow or underflow
+//!   leaves the count as it was), and a put that empties the counter moves
+//!   it straight to `RELEASED`.
+//!
+//! # Invariants
+//!
+//! 1. **Excursions are small and temporary.** Call an unconditional
+//!    operation's `n` an *excursion* from the moment it lands until its
+//!    thread gives it back (only failed operations give back, right after
+//!    they land). A thread has at most one excursion at a time on a
+//!    counter, and `n < 2^16`, so excursions in flight sum to less than
+//!    `threads · 2^16` (below 2^38 for Linux's 2^22 threads at most), far
+//!    inside the 2^60 margins between zones: no excursion makes a value
+//!    change zone, and every landing is classified by the zone it left
+//!    (the value returned).
+//! 2. **The counter is the true count plus the excursions.** Successful
+//!    operations change the true count, failed ones give back what they
+//!    added, and revival shifts the counter by a constant (`RELEASED` to
+//!    the new base reference), so excursions survive every transition.
+//!    Without misuse (more puts than gets), the true count and the
+//!    excursions are both at least zero, so the counter is zero only when
+//!    both are: the release is elected only with no reference left.
+//! 3. **The last landing on zero elects.** Only puts and give-backs can
+//!    write `0` and leave it (a failed get that lands on `0`, from below,
+//!    gives back at once). Each of them tries the election on landing
+//!    there, so whichever writes the final `0` finds it and moves the
+//!    counter to `RELEASED`: the release runs exactly once per time the
+//!    count reaches zero. That can be a tryget's thread, when its give-back
+//!    is that last landing (a reinit in between moved the counter back to
+//!    live).
+//! 4. **Released is sticky.** Every get and tryget that lands in released
+//!    fails, until a reinit or resurrect (under the switch lock) shifts the
+//!    counter back to live. Nothing else leaves released: gives-back return
+//!    to it, and every checked operation refuses it.
+//! 5. **Saturation is sticky.** A true count is at most [`MAX_COUNT`] (a
+//!    switch's temporary reference may take the counter one higher). A
+//!    small get that lands past it parks the counter at `BIAS + MAX_COUNT`
+//!    (room for every reference held to be put back) and panics with an
+//!    overflow: atomic mode with a biased value marks the ref *miscounted*
+//!    (below), which never releases and never goes back to percpu mode.
+//!    Saturated values only come from the live zone, so no fold is pending
+//!    when one is parked (a fold works on a biased value).
+//! 6. **Percpu mode never sees zero or released.** The biased zone is
+//!    entered only by `add_bias` (from live, under the switch lock) and left
+//!    only by the fold or by a checked operation; in between every
+//!    unconditional operation lands in biased (invariant 1).
+//!
+//! # The biased range
+//!
+//! In percpu mode `a` is checked only by the large (`n >= 2^16`) calls,
+//! which keep `BIAS + a` within `BIAS - 2^61 ..= BIAS + MAX_COUNT`; that
+//! leaves 2^60 of margin to either side of the biased zone. Only `a` is
+//! checked, not the true count `a + (per-CPU sum)`: `a` below `-2^61`
+//! would take more than 2^61 references counted per CPU and put on the
+//! atomic counter (2^45 calls at the least), which no program does.
 //!
 //! The fold can find the true count out of range only after misuse that
 //! the per-CPU counters could not see: more puts than gets (an underflow)
@@ -39,7 +107,7 @@
 //! parked counter to zero, so the ref never releases, and nothing can
 //! send it back to percpu mode.
 
-use crate::sync::{AtomicU64, Ordering};
+use crate::sync::{self, AtomicU64, Ordering};
 
 /// Added to the atomic counter while per-CPU counters are in use.
 // mutant no_bias: the atomic counter holds only what was added to it directly.
@@ -47,34 +115,83 @@ pub(crate) const BIAS: u64 = mutant!("no_bias", 1 << 63, 0);
 /// The largest `n` accepted by the `_many` operations, and the bound on a
 /// true count.
 pub(crate) const MAX_COUNT: u64 = (1 << 62) - 1;
-/// The largest value of the true range: `MAX_COUNT` plus a switch's
-/// temporary reference. Anything above is biased.
-const TRUE_MAX: u64 = 1 << 62;
-/// The largest biased value an operation may leave (`a = MAX_COUNT`); the
-/// temporary reference may add one more.
-const BIASED_MAX: u64 = BIAS.wrapping_add(MAX_COUNT);
+/// `_many` operations on at least this many references are checked before
+/// they write (a compare-and-swap loop); smaller ones are one unconditional
+/// read-modify-write, which bounds an excursion (invariant 1).
+pub(crate) const UNCHECKED_N_LIMIT: u64 = 1 << 16;
+/// What a released counter holds, give or take operations in flight: the
+/// middle of the released zone.
+pub(crate) const RELEASED: u64 = 0xE000_0000_0000_0000;
 
-/// What an add did to the atomic counter.
+/// The last value of the live zone: `MAX_COUNT` plus a switch's temporary
+/// reference.
+const TRUE_MAX: u64 = 1 << 62;
+/// The last value of the saturated zone.
+const SATURATED_END: u64 = TRUE_MAX + (1 << 60);
+/// The last value of the biased zone (`BIAS` is `2^63` except in the
+/// `no_bias` mutant; the zones do not move with it).
+const BIASED_END: u64 = (1 << 63) + (1 << 62) + (1 << 60);
+/// The range the checked (large) operations keep a biased counter in.
+const BIASED_MIN: u64 = BIAS.wrapping_sub(1 << 61);
+const BIASED_MAX: u64 = BIAS.wrapping_add(MAX_COUNT);
+/// Where a saturated counter is parked: biased, at the top of the checked
+/// range, so that the `MAX_COUNT` references its users hold can all be put
+/// back without a false underflow (it never releases either way).
+const SATURATED: u64 = BIASED_MAX;
+
+/// The zone a counter value lies in (see the module docs).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Zone {
+    Zero,
+    Live,
+    Saturated,
+    Biased,
+    Released,
+}
+
+/// The zone of `v`.
+#[inline]
+pub(crate) fn zone(v: u64) -> Zone {
+    match v {
+        0 => Zone::Zero,
+        v if v <= TRUE_MAX => Zone::Live,
+        v if v <= SATURATED_END => Zone::Saturated,
+        v if v <= BIASED_END => Zone::Biased,
+        _ => Zone::Released,
+    }
+}
+
+/// What a get or tryget did.
 #[derive(Debug, PartialEq, Eq)]
 pub(crate) enum AddOutcome {
     Added,
-    /// `add_unless_zero` found the count at zero; nothing was changed.
-    Zero,
-    /// The add would take the count above its range; nothing was changed.
+    /// The ref was released: nothing was counted. `release` when the
+    /// operation's give-back was the last landing on zero (invariant 3):
+    /// the caller runs `release`.
+    Released {
+        release: bool,
+    },
+    /// The count would pass [`MAX_COUNT`]; `count` is what the counter
+    /// held. A small `n` parked the counter (it never releases), a large one
+    /// changed nothing.
     Overflow {
         count: u64,
     },
 }
 
-/// What a put did to the atomic counter.
+/// What a put did.
 #[derive(Debug, PartialEq, Eq)]
 pub(crate) enum PutOutcome {
-    /// The count is still above zero.
+    /// The count is still above zero (or this put was overtaken by a
+    /// reviving tryget).
     Alive,
-    /// This put took the count to zero: the caller must release.
+    /// This put took the count to zero and won the election: the caller
+    /// must release.
     ReachedZero,
-    /// The put would take the count below zero; nothing was changed.
-    Underflow { count: u64 },
+    /// The put would take the count below zero; it was given back, so the
+    /// count is as it was (`count`, the true count). `release` as in
+    /// [`AddOutcome::Released`].
+    Underflow { count: u64, release: bool },
 }
 
 /// What the fold found (the value includes the switch's temporary reference).
@@ -88,25 +205,17 @@ pub(crate) enum Fold {
     Underflow(i64),
 }
 
-/// `cur + n` (`n <= MAX_COUNT`) if that stays in `cur`'s range.
-#[inline]
-fn checked_add(cur: u64, n: u64) -> Option<u64> {
-    let limit = if cur <= TRUE_MAX {
-        MAX_COUNT
-    } else {
-        BIASED_MAX
-    };
-    cur.checked_add(n).filter(|&v| v <= limit)
-}
-
-/// `cur - n` if that stays in `cur`'s range.
-#[inline]
-fn checked_sub(cur: u64, n: u64) -> Option<u64> {
-    if cur <= TRUE_MAX {
-        cur.checked_sub(n)
-    } else {
-        cur.checked_sub(n).filter(|&v| v > TRUE_MAX)
-    }
+/// Why a revival or the switch back to percpu mode refused a counter.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Refused {
+    /// The count is zero.
+    Released,
+    /// Parked after misuse, or saturated: the counter's value.
+    Miscounted(u64),
+    /// The new base reference would pass [`MAX_COUNT`].
+    Overflow(u64),
+    /// A reinit found references: the true count.
+    NotZero(u64),
 }
 
 /// What a folded counter value (true count plus the temporary reference)
@@ -124,6 +233,7 @@ pub(crate) struct AtomicCount {
 }
 
 impl AtomicCount {
+    /// A counter holding `v` (a biased count, a true one, or [`RELEASED`]).
     pub(crate) fn new(v: u64) -> Self {
         AtomicCount {
             value: AtomicU64::new(v),
@@ -137,51 +247,157 @@ impl AtomicCount {
         self.value.load(Ordering::Relaxed)
     }
 
-    /// Takes a switch's temporary reference. Unchecked: the range leaves
-    /// room for it (`a` is at most `MAX_COUNT` before, `2^62` after).
+    /// The true count, as a snapshot: `Some(0)` on zero and released,
+    /// `None` while biased or saturated (percpu mode, a switch before its
+    /// fold, a miscounted ref).
+    pub(crate) fn true_count(&self) -> Option<u64> {
+        let v = self.load();
+        match zone(v) {
+            Zone::Zero | Zone::Released => Some(0),
+            Zone::Live => (v <= MAX_COUNT).then_some(v),
+            Zone::Saturated | Zone::Biased => None,
+        }
+    }
+
+    /// Takes a switch's temporary reference. Unchecked: the counter is
+    /// biased, whose range leaves room for it.
     pub(crate) fn add_temp_ref(&self) {
         self.value.fetch_add(1, Ordering::Relaxed);
     }
 
-    /// Adds `n` unless that leaves the range; returns the previous value.
+    // ----- gets ----------------------------------------------------------------
+
+    /// `get`: adds `n` references while the caller holds one. Relaxed, as
+    /// `Arc::clone`: the caller's own reference already orders its accesses.
+    #[inline]
+    pub(crate) fn get(&self, n: u64) -> AddOutcome {
+        if n >= UNCHECKED_N_LIMIT {
+            return self.add_checked(n, false);
+        }
+        let old = self.value.fetch_add(n, Ordering::Relaxed);
+        if old <= MAX_COUNT - n {
+            return AddOutcome::Added;
+        }
+        self.after_add(old, n)
+    }
+
+    /// `tryget`: adds `n` references unless the ref was released.
     ///
-    /// Release: a revival's new base reference publishes what the reviver
-    /// wrote before it (a `Frozen` guard's writes), so that a `tryget` that
-    /// takes a reference from it (an acquire CAS) sees them.
-    pub(crate) fn add(&self, n: u64) -> Result<u64, AddOutcome> {
-        let mut cur = self.value.load(Ordering::Relaxed);
-        loop {
-            let new = checked_add(cur, n).ok_or(AddOutcome::Overflow { count: cur })?;
-            // mutant revive_base_ref_relaxed: the revival publishes nothing.
-            let success = mutant!(
-                "revive_base_ref_relaxed",
-                Ordering::Release,
-                Ordering::Relaxed
-            );
-            match self
-                .value
-                .compare_exchange_weak(cur, new, success, Ordering::Relaxed)
-            {
-                Ok(_) => return Ok(cur),
+    /// Acquire: a revival's new base reference publishes what the reviver
+    /// wrote before it (a `Frozen` guard's writes); a tryget that takes a
+    /// reference from it must see them.
+    #[inline]
+    pub(crate) fn tryget(&self, n: u64) -> AddOutcome {
+        if n >= UNCHECKED_N_LIMIT {
+            return self.add_checked(n, true);
+        }
+        if n == 0 {
+            return self.tryget_none();
+        }
+        let old = self.value.fetch_add(n, Ordering::Acquire);
+        if old <= MAX_COUNT - n {
+            return AddOutcome::Added;
+        }
+        self.after_add(old, n)
+    }
+
+    /// `tryget_many(0)`: succeeds unless the ref was released, and changes
+    /// nothing (a give-back of 0 would be a landing on zero that elects).
+    fn tryget_none(&self) -> AddOutcome {
+        // ordering-audit: Relaxed: no reference is taken, so nothing is
+        // acquired; a snapshot, as `is_zero`.
+        if zone(self.value.load(Ordering::Relaxed)) == Zone::Released {
+            AddOutcome::Released { release: false }
+        } else {
+            AddOutcome::Added
+        }
+    }
+
+    /// The slow path of an unconditional add that landed anywhere but low
+    /// in the live zone: `old` is the value it added `n` to.
+    #[cold]
+    #[inline(never)]
+    fn after_add(&self, old: u64, n: u64) -> AddOutcome {
+        match zone(old) {
+            Zone::Biased => AddOutcome::Added,
+            // mutant tryget_no_zero_check: a get or tryget that lands on a
+            // released ref counts, and keeps its increment.
+            Zone::Released if mutated!("tryget_no_zero_check") => AddOutcome::Added,
+            Zone::Released => {
+                // mutant dead_zone_no_give_back: a failed get keeps its
+                // increment (the counter drifts).
+                let release = !mutated!("dead_zone_no_give_back") && self.give_back_get(n);
+                AddOutcome::Released { release }
+            }
+            // Past MAX_COUNT (the fast path admits everything up to it).
+            Zone::Zero | Zone::Live | Zone::Saturated => {
+                self.park_saturated(n);
+                AddOutcome::Overflow { count: old }
+            }
+        }
+    }
+
+    /// Parks a saturated counter at [`SATURATED`] (invariant 5): from the
+    /// live or saturated zone, where the landing of an overflow leaves it
+    /// (puts racing it may have taken it back below the edge: parked all
+    /// the same, since an overflow happened).
+    #[cold]
+    fn park_saturated(&self, n: u64) {
+        // mutant saturation_gives_back: an overflowing get gives its
+        // increment back and the ref goes on counting (not sticky).
+        if mutated!("saturation_gives_back") {
+            self.give_back_get(n);
+            return;
+        }
+        let mut cur = self.load();
+        while matches!(zone(cur), Zone::Live | Zone::Saturated) {
+            // ordering-audit: Relaxed: the parked ref never releases and
+            // publishes nothing.
+            match self.value.compare_exchange_weak(
+                cur,
+                SATURATED,
+                Ordering::Relaxed,
+                Ordering::Relaxed,
+            ) {
+                Ok(_) => return,
                 Err(actual) => cur = actual,
             }
         }
     }
 
-    /// Adds `n` unless the counter is zero or the add leaves the range.
-    #[inline]
-    pub(crate) fn add_unless_zero(&self, n: u64) -> AddOutcome {
-        let mut cur = self.value.load(Ordering::Relaxed);
+    /// Gives back the `n` of a failed get; true if that was the last landing
+    /// on zero and won the election (invariant 3).
+    #[cold]
+    fn give_back_get(&self, n: u64) -> bool {
+        // ordering-audit: Relaxed: a give-back publishes nothing of its own;
+        // the election it may lead to acquires.
+        let old = self.value.fetch_sub(n, Ordering::Relaxed);
+        // mutant give_back_no_election: a give-back that lands on zero does
+        // not elect (when it is the last landing there, nobody releases).
+        old == n && !mutated!("give_back_no_election") && self.elect_release()
+    }
+
+    /// The checked add of a large `n`: refused before it writes.
+    #[cold]
+    #[inline(never)]
+    fn add_checked(&self, n: u64, acquire: bool) -> AddOutcome {
+        let mut cur = self.load();
         loop {
-            if cur == 0 {
-                return AddOutcome::Zero;
-            }
-            let Some(new) = checked_add(cur, n) else {
-                return AddOutcome::Overflow { count: cur };
+            let new = match zone(cur) {
+                Zone::Zero | Zone::Live if cur + n <= MAX_COUNT => cur + n,
+                Zone::Biased if cur.checked_add(n).is_some_and(|v| v <= BIASED_MAX) => cur + n,
+                Zone::Released => return AddOutcome::Released { release: false },
+                _ => return AddOutcome::Overflow { count: cur },
+            };
+            // Acquire for a tryget, as in `tryget`.
+            let success = if acquire {
+                Ordering::Acquire
+            } else {
+                Ordering::Relaxed
             };
             match self
                 .value
-                .compare_exchange_weak(cur, new, Ordering::Acquire, Ordering::Relaxed)
+                .compare_exchange_weak(cur, new, success, Ordering::Relaxed)
             {
                 Ok(_) => return AddOutcome::Added,
                 Err(actual) => cur = actual,
@@ -189,30 +405,122 @@ impl AtomicCount {
         }
     }
 
-    /// Subtracts `n` unless that would underflow a true (unbiased) count or
-    /// leave the biased range.
+    // ----- puts ----------------------------------------------------------------
+
+    /// Drops `n` references.
+    ///
+    /// Release: everything the caller did under its references happens
+    /// before the release, whose election acquires (as `Arc`'s drop).
     #[inline]
-    pub(crate) fn sub(&self, n: u64) -> PutOutcome {
-        let mut cur = self.value.load(Ordering::Relaxed);
+    pub(crate) fn put(&self, n: u64) -> PutOutcome {
+        if n >= UNCHECKED_N_LIMIT {
+            return self.sub_checked(n);
+        }
+        let old = self.value.fetch_sub(n, Ordering::Release);
+        // Landed in live, above zero: `old - n` in `1..TRUE_MAX`.
+        if old.wrapping_sub(n + 1) < TRUE_MAX - n {
+            return PutOutcome::Alive;
+        }
+        self.after_sub(old, n)
+    }
+
+    /// The slow path of an unconditional put that did not land in the live
+    /// zone above zero: `old` is the value it took `n` from.
+    #[cold]
+    #[inline(never)]
+    fn after_sub(&self, old: u64, n: u64) -> PutOutcome {
+        // mutant put_many_zero_check_off: "landed on zero" when the old
+        // value was 1, right only for n == 1.
+        let landed_on_zero = mutant!("put_many_zero_check_off", old == n, old == 1);
+        match zone(old) {
+            Zone::Live if landed_on_zero => {
+                if self.elect_release() {
+                    PutOutcome::ReachedZero
+                } else {
+                    PutOutcome::Alive
+                }
+            }
+            Zone::Zero | Zone::Live if old < n => self.underflow(n, old),
+            Zone::Released => self.underflow(n, 0),
+            Zone::Live | Zone::Saturated | Zone::Biased => PutOutcome::Alive,
+            Zone::Zero => unreachable!("a put of {n} from zero is an underflow"),
+        }
+    }
+
+    /// A put that took the count below zero: gives its `n` back.
+    #[cold]
+    fn underflow(&self, n: u64, count: u64) -> PutOutcome {
+        // ordering-audit: Relaxed: a give-back publishes nothing of its own;
+        // the election it may lead to acquires.
+        let old = self.value.fetch_add(n, Ordering::Relaxed);
+        let release = old.wrapping_add(n) == 0 && self.elect_release();
+        PutOutcome::Underflow { count, release }
+    }
+
+    /// The election of invariant 3: the counter is (or was) zero after this
+    /// thread's landing; moving it to `RELEASED` makes this thread the one
+    /// that releases. Fails when a tryget revived the ref first, or when
+    /// another landing on zero won.
+    #[inline]
+    fn elect_release(&self) -> bool {
+        // mutant zero_landing_no_election: a put that lands on zero releases
+        // without electing (a reviving tryget's reference is then released
+        // under it).
+        if mutated!("zero_landing_no_election") {
+            // ordering-audit: mutant only (zero_landing_no_election).
+            self.value.store(RELEASED, Ordering::Relaxed);
+            return true;
+        }
+        // Acquire: the releasing thread sees every access made under the
+        // references put before (their puts are Release, and every
+        // read-modify-write since continues their release sequences).
+        self.value
+            .compare_exchange(0, RELEASED, Ordering::Acquire, Ordering::Relaxed)
+            .is_ok()
+    }
+
+    /// The checked put of a large `n`: refused before it writes; a put that
+    /// empties the counter moves it straight to `RELEASED`.
+    #[cold]
+    #[inline(never)]
+    fn sub_checked(&self, n: u64) -> PutOutcome {
+        let mut cur = self.load();
         loop {
-            let Some(new) = checked_sub(cur, n) else {
-                return PutOutcome::Underflow { count: cur };
+            let new = match zone(cur) {
+                // mutant checked_put_to_zero: a large put that empties the
+                // counter leaves it at zero, where no election follows.
+                Zone::Live | Zone::Saturated if cur == n => {
+                    mutant!("checked_put_to_zero", RELEASED, 0)
+                }
+                Zone::Live | Zone::Saturated if cur > n => cur - n,
+                Zone::Biased if cur.checked_sub(n).is_some_and(|v| v >= BIASED_MIN) => cur - n,
+                Zone::Released | Zone::Zero => {
+                    return PutOutcome::Underflow {
+                        count: 0,
+                        release: false,
+                    }
+                }
+                _ => {
+                    return PutOutcome::Underflow {
+                        count: cur,
+                        release: false,
+                    }
+                }
             };
-            // AcqRel: the put that reaches zero must see every access made
-            // under the references put before it (as Arc's drop does).
-            // mutant put_many_zero_check_off: "reached zero" when the old
-            // value was 1, right only for n == 1.
-            let reached_zero = mutant!("put_many_zero_check_off", new == 0, cur == 1);
+            // AcqRel: Release as `put`'s, and Acquire for the put that
+            // releases, as `elect_release`.
             match self
                 .value
                 .compare_exchange_weak(cur, new, Ordering::AcqRel, Ordering::Relaxed)
             {
-                Ok(_) if reached_zero => return PutOutcome::ReachedZero,
+                Ok(_) if new == RELEASED => return PutOutcome::ReachedZero,
                 Ok(_) => return PutOutcome::Alive,
                 Err(actual) => cur = actual,
             }
         }
     }
+
+    // ----- switches and revival (under the switch lock) --------------------------
 
     /// Folds the per-CPU `sum` into a biased counter, in one RMW; says what
     /// the true count (plus the temporary reference) is. A miscounted
@@ -224,8 +532,15 @@ impl AtomicCount {
             let folded = cur.wrapping_add(delta);
             let fold = classify_fold(folded);
             let new = if fold == Fold::Exact { folded } else { BIAS };
+            // mutant fold_not_atomic: the fold stores what it computed from
+            // its load, losing the atomic-mode operations that landed between.
+            if mutated!("fold_not_atomic") {
+                // ordering-audit: mutant only (fold_not_atomic).
+                self.value.store(new, Ordering::Relaxed);
+                return fold;
+            }
             // ordering-audit: Relaxed: the switcher puts its temporary reference
-            // (an AcqRel `sub`) after the fold, so the put that reaches zero reads
+            // (a Release `put`) after the fold, so the put that reaches zero reads
             // from that release's sequence and sees the per-CPU history the
             // switcher collected (grace period / the seal's acquire) as well.
             match self
@@ -241,14 +556,21 @@ impl AtomicCount {
     /// Adds the bias before per-CPU counting resumes, unless the count is
     /// zero (a released ref stays released) or out of the true range (a
     /// broken count stays atomic). Returns the count it found.
-    pub(crate) fn add_bias_unless_zero(&self) -> Result<u64, u64> {
-        let mut cur = self.value.load(Ordering::Relaxed);
+    pub(crate) fn add_bias(&self) -> Result<u64, Refused> {
+        let mut cur = self.load();
         loop {
-            if cur == 0 || cur > TRUE_MAX {
-                return Err(cur);
+            match zone(cur) {
+                _ if unsettled(cur) => {
+                    sync::spin_wait();
+                    cur = self.load();
+                    continue;
+                }
+                Zone::Live => {}
+                Zone::Zero | Zone::Released => return Err(Refused::Released),
+                Zone::Saturated | Zone::Biased => return Err(Refused::Miscounted(cur)),
             }
             // ordering-audit: Relaxed: an RMW continues the release sequence of the
-            // revival's `add` (Release), which is what publishes the reviver's
+            // revival's RMW (Release), which is what publishes the reviver's
             // writes to a tryget that reads this value or a later one.
             match self.value.compare_exchange_weak(
                 cur,
@@ -261,6 +583,58 @@ impl AtomicCount {
             }
         }
     }
+
+    /// A revival's new base reference: `+1` on a live count (refused when
+    /// `require_zero`, for a reinit); on a released one, the shift from
+    /// `RELEASED` to one reference, which keeps the excursions of failed
+    /// gets in flight (invariant 2: they give back after). Returns the true
+    /// count it found.
+    ///
+    /// Release: the new base reference publishes what the reviver wrote
+    /// before it (a `Frozen` guard's writes), so that a tryget that takes
+    /// a reference from it (an acquire) sees them.
+    pub(crate) fn revive(&self, require_zero: bool) -> Result<u64, Refused> {
+        let mut cur = self.load();
+        loop {
+            let (count, new) = match zone(cur) {
+                _ if unsettled(cur) => {
+                    sync::spin_wait();
+                    cur = self.load();
+                    continue;
+                }
+                Zone::Live if require_zero => return Err(Refused::NotZero(cur)),
+                Zone::Live if cur < MAX_COUNT => (cur, cur + 1),
+                Zone::Live => return Err(Refused::Overflow(cur)),
+                // mutant revive_stores_one: the revival forgets the excursions in flight.
+                Zone::Released if mutated!("revive_stores_one") => (0, 1),
+                Zone::Released => (0, cur - RELEASED + 1),
+                Zone::Zero => unreachable!("zero is unsettled"),
+                Zone::Saturated | Zone::Biased => return Err(Refused::Miscounted(cur)),
+            };
+            // mutant revive_base_ref_relaxed: the revival publishes nothing.
+            let success = mutant!(
+                "revive_base_ref_relaxed",
+                Ordering::Release,
+                Ordering::Relaxed
+            );
+            match self
+                .value
+                .compare_exchange_weak(cur, new, success, Ordering::Relaxed)
+            {
+                Ok(_) => return Ok(count),
+                Err(actual) => cur = actual,
+            }
+        }
+    }
+}
+
+/// Whether `v` is a moment a switch-lock holder cannot decide at, and waits
+/// out (`sync::spin_wait`): a landing on zero before its election (neither
+/// live nor released yet), or a misused put's underflow before its
+/// give-back (a revival from below `RELEASED` would land at or below
+/// zero). Both end within a few instructions of the thread that made them.
+fn unsettled(v: u64) -> bool {
+    v == 0 || (zone(v) == Zone::Released && v < RELEASED)
 }
 
 #[cfg(all(test, not(percpu_ref_loom)))]
@@ -268,18 +642,26 @@ mod tests {
     use super::*;
 
     #[test]
-    fn ranges() {
-        assert_eq!(checked_add(MAX_COUNT - 1, 1), Some(MAX_COUNT));
-        assert_eq!(checked_add(MAX_COUNT, 1), None);
-        assert_eq!(checked_add(TRUE_MAX, 1), None);
-        assert_eq!(checked_add(BIAS, MAX_COUNT), Some(BIAS + MAX_COUNT));
-        assert_eq!(checked_add(BIAS + 1, MAX_COUNT), None);
-        assert_eq!(checked_add(u64::MAX, 1), None);
-        assert_eq!(checked_sub(0, 1), None);
-        assert_eq!(checked_sub(TRUE_MAX, 1), Some(MAX_COUNT));
-        assert_eq!(checked_sub(TRUE_MAX + 1, 1), None);
-        assert_eq!(checked_sub(BIAS, MAX_COUNT), Some(BIAS - MAX_COUNT));
-        assert_eq!(checked_sub(BIAS, 1 << 62), None);
+    fn zones() {
+        assert_eq!(zone(0), Zone::Zero);
+        assert_eq!(zone(1), Zone::Live);
+        assert_eq!(zone(TRUE_MAX), Zone::Live);
+        assert_eq!(zone(TRUE_MAX + 1), Zone::Saturated);
+        assert_eq!(zone(SATURATED_END), Zone::Saturated);
+        assert_eq!(zone(SATURATED_END + 1), Zone::Biased);
+        assert_eq!(zone(BIASED_MIN), Zone::Biased);
+        assert_eq!(zone(BIAS), Zone::Biased);
+        assert_eq!(zone(BIASED_MAX + 1), Zone::Biased);
+        assert_eq!(zone(BIASED_END), Zone::Biased);
+        assert_eq!(zone(BIASED_END + 1), Zone::Released);
+        assert_eq!(zone(RELEASED), Zone::Released);
+        assert_eq!(zone(u64::MAX), Zone::Released);
+        // The margins of invariant 1: 2^60 on every side of every range an
+        // operation keeps the counter in.
+        assert_eq!(SATURATED_END - TRUE_MAX, 1 << 60);
+        assert_eq!(BIASED_MIN - SATURATED_END, 1 << 60);
+        assert_eq!(BIASED_END - (BIASED_MAX + 1), 1 << 60);
+        assert!(RELEASED - BIASED_END >= 1 << 60 && 0u64.wrapping_sub(RELEASED) >= 1 << 60);
         assert_eq!(classify_fold(1), Fold::Exact);
         assert_eq!(classify_fold(TRUE_MAX), Fold::Exact);
         assert_eq!(classify_fold(TRUE_MAX + 1), Fold::Overflow(TRUE_MAX + 1));
@@ -289,37 +671,136 @@ mod tests {
     }
 
     #[test]
+    fn the_last_put_elects_and_released_is_sticky() {
+        let c = AtomicCount::new(2);
+        assert_eq!(c.put(1), PutOutcome::Alive);
+        assert_eq!(c.put(1), PutOutcome::ReachedZero);
+        assert_eq!(c.load(), RELEASED);
+        for _ in 0..3 {
+            assert_eq!(c.tryget(1), AddOutcome::Released { release: false });
+            assert_eq!(c.get(7), AddOutcome::Released { release: false });
+        }
+        assert_eq!(c.load(), RELEASED, "failed gets give back");
+        assert_eq!(c.tryget(0), AddOutcome::Released { release: false });
+        assert_eq!(
+            c.put(1),
+            PutOutcome::Underflow {
+                count: 0,
+                release: false
+            }
+        );
+        assert_eq!(c.load(), RELEASED, "an underflow gives back");
+        assert_eq!(c.true_count(), Some(0));
+    }
+
+    #[test]
+    fn a_tryget_landing_on_zero_revives_and_the_put_is_not_the_last() {
+        // The final put landed (0) but has not elected yet: a tryget then
+        // counts, and the election fails.
+        let c = AtomicCount::new(0);
+        assert_eq!(c.tryget(1), AddOutcome::Added);
+        assert!(!c.elect_release(), "overtaken by the tryget");
+        assert_eq!(c.put(1), PutOutcome::ReachedZero);
+    }
+
+    #[test]
+    fn a_give_back_that_lands_last_on_zero_elects() {
+        // A tryget landed in released; a reinit shifted the counter (with
+        // its excursion) to one reference, which the owner then put.
+        let c = AtomicCount::new(RELEASED);
+        let old = c.value.fetch_add(1, Ordering::Relaxed);
+        assert_eq!(zone(old), Zone::Released);
+        assert_eq!(c.revive(false), Ok(0));
+        assert_eq!(c.load(), 2, "the excursion is kept");
+        assert_eq!(c.put(1), PutOutcome::Alive);
+        assert!(c.give_back_get(1), "the give-back was the last landing");
+        assert_eq!(c.load(), RELEASED);
+    }
+
+    #[test]
+    fn an_underflow_given_back_onto_zero_elects() {
+        // The final put landed on zero; a misused put took it to -1 before
+        // the election, which fails; the misused put's give-back elects.
+        let c = AtomicCount::new(0);
+        assert_eq!(c.value.fetch_sub(1, Ordering::Relaxed), 0);
+        assert!(!c.elect_release());
+        assert_eq!(
+            c.underflow(1, 0),
+            PutOutcome::Underflow {
+                count: 0,
+                release: true
+            }
+        );
+    }
+
+    #[test]
+    fn an_overflow_parks_and_a_large_one_is_refused() {
+        let c = AtomicCount::new(MAX_COUNT - 1);
+        assert_eq!(c.get(1), AddOutcome::Added);
+        assert_eq!(
+            c.add_checked(2, false),
+            AddOutcome::Overflow { count: MAX_COUNT }
+        );
+        assert_eq!(c.load(), MAX_COUNT, "refused before it wrote");
+        assert_eq!(c.tryget(1), AddOutcome::Overflow { count: MAX_COUNT });
+        assert_eq!(c.load(), SATURATED, "parked");
+        assert_eq!(c.put(MAX_COUNT), PutOutcome::Alive, "all put back");
+        assert_eq!(c.put(1), PutOutcome::Alive);
+        assert_eq!(c.true_count(), None);
+        assert_eq!(c.add_bias(), Err(Refused::Miscounted(BIAS - 1)));
+        assert_eq!(c.revive(false), Err(Refused::Miscounted(BIAS - 1)));
+    }
+
+    #[test]
     fn a_miscounted_fold_parks_the_counter() {
         let c = AtomicCount::new(BIAS + 1);
         // Two per-CPU puts, no gets: the true count is -1.
         assert_eq!(c.fold_percpu_sum(0u64.wrapping_sub(2)), Fold::Underflow(-1));
         assert_eq!(c.load(), BIAS, "parked");
-        assert_eq!(c.sub(1), PutOutcome::Alive, "never reaches zero");
+        assert_eq!(c.put(1), PutOutcome::Alive, "never reaches zero");
         // The temporary reference on the counter, MAX_COUNT per CPU.
         let c = AtomicCount::new(BIAS + 1);
         assert_eq!(c.fold_percpu_sum(MAX_COUNT), Fold::Exact, "MAX + temp");
         assert_eq!(c.load(), TRUE_MAX);
-        assert_eq!(
-            c.add_unless_zero(1),
-            AddOutcome::Overflow { count: TRUE_MAX }
-        );
-        assert_eq!(c.sub(1), PutOutcome::Alive);
+        assert_eq!(c.put(1), PutOutcome::Alive);
         assert_eq!(c.load(), MAX_COUNT);
     }
 
     #[test]
-    fn refused_operations_change_nothing() {
-        let c = AtomicCount::new(MAX_COUNT);
+    fn checked_operations_keep_the_biased_range() {
+        let c = AtomicCount::new(BIAS + 1);
+        assert_eq!(c.get(MAX_COUNT), AddOutcome::Overflow { count: BIAS + 1 });
+        assert_eq!(c.get(MAX_COUNT - 1), AddOutcome::Added);
+        assert_eq!(c.load(), BIASED_MAX);
+        assert_eq!(c.put(MAX_COUNT), PutOutcome::Alive);
+        assert_eq!(c.load(), BIAS);
+        assert_eq!(c.put(1 << 61), PutOutcome::Alive, "down to BIASED_MIN");
         assert_eq!(
-            c.add_unless_zero(1),
-            AddOutcome::Overflow { count: MAX_COUNT }
+            c.put(UNCHECKED_N_LIMIT),
+            PutOutcome::Underflow {
+                count: BIASED_MIN,
+                release: false
+            }
         );
-        assert_eq!(c.add(1), Err(AddOutcome::Overflow { count: MAX_COUNT }));
-        assert_eq!(c.load(), MAX_COUNT);
-        let z = AtomicCount::new(0);
-        assert_eq!(z.add_unless_zero(1), AddOutcome::Zero);
-        assert_eq!(z.sub(1), PutOutcome::Underflow { count: 0 });
-        assert_eq!(z.add_bias_unless_zero(), Err(0));
-        assert_eq!(z.load(), 0);
+        assert_eq!(c.load(), BIASED_MIN, "refused before it wrote");
+    }
+
+    #[test]
+    fn a_large_put_that_empties_releases_at_once() {
+        let c = AtomicCount::new(UNCHECKED_N_LIMIT + 1);
+        assert_eq!(c.put(UNCHECKED_N_LIMIT), PutOutcome::Alive);
+        assert_eq!(
+            c.put(UNCHECKED_N_LIMIT),
+            PutOutcome::Underflow {
+                count: 1,
+                release: false
+            }
+        );
+        let c = AtomicCount::new(UNCHECKED_N_LIMIT);
+        assert_eq!(c.put(UNCHECKED_N_LIMIT), PutOutcome::ReachedZero);
+        assert_eq!(c.load(), RELEASED);
+        assert_eq!(c.add_bias(), Err(Refused::Released));
+        assert_eq!(c.revive(false), Ok(0));
+        assert_eq!(c.load(), 1);
     }
 }

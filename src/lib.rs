@@ -210,6 +210,14 @@
 //!   cost per thread stays flat as threads on one object are added; an
 //!   `Arc`'s shared count slows every core that touches it. The sharded
 //!   backend (other targets) pays one atomic RMW on the thread's own shard.
+//! - **atomic mode** (`INIT_ATOMIC`, or killed while users still hold
+//!   references): each get, tryget and put is one unconditional atomic
+//!   `fetch_add` or `fetch_sub` on the ref's shared counter, as the
+//!   kernel's `rcuref_t`, with no compare-and-swap loop to retry under
+//!   contention: about a bare atomic counter's cost on one thread, and as
+//!   any shared counter, slower as threads contend for it (the mode word
+//!   shares the counter's cache line, which costs a contended pair about
+//!   twice a bare counter's).
 //! - **a kill** waits for one grace period: a `membarrier`, an interrupt to
 //!   each CPU that runs a thread of the process (microseconds; more in a
 //!   VM, where each is a VM exit). Switches that overlap share one; the
@@ -247,12 +255,15 @@
 //!   ([`Error::Released`]) and `tryget` keeps failing.
 //! - **The count never wraps.** Every `n` up to `2^62 - 1` counts exactly
 //!   on every backend (`_many` calls with `n >= 2^16` take the atomic
-//!   path). An add past `2^62 - 1` references panics as an overflow and
-//!   changes nothing, as `Arc` aborts; in atomic mode so does a put below
-//!   zero. Misuse the per-CPU counters hide (an underflow in percpu mode)
-//!   is found by the next switch, which panics after completing; the ref
-//!   is then *miscounted*: it never releases and stays atomic
-//!   ([`Error::Miscounted`]).
+//!   path). An add past `2^62 - 1` references panics as an overflow, as
+//!   `Arc` aborts: a `_many` of `2^16` or more is refused and changes
+//!   nothing; a smaller one in atomic mode (one unconditional add, as the
+//!   kernel's `rcuref_t`) leaves the count *saturated*, for good. A put
+//!   below zero in atomic mode panics as an underflow and changes nothing.
+//!   Misuse the per-CPU counters hide (an underflow in percpu mode) is
+//!   found by the next switch, which panics after completing. A saturated
+//!   or misused ref is then *miscounted*: it never releases and stays
+//!   atomic ([`Error::Miscounted`]).
 //! - **A refused grace period changes nothing.** If the kernel refuses
 //!   `membarrier` after start-up (a seccomp filter installed later, on one
 //!   thread), the switch is undone before anything was summed:

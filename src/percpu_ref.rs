@@ -28,6 +28,13 @@
 //! Kill = set `DEAD`, switch to atomic with the caller's confirm, put the
 //! base reference. After the confirm, every `tryget_live` reads `DEAD`.
 //!
+//! In atomic mode a get, tryget or put is one unconditional add or sub on
+//! the atomic counter, as the kernel's `rcuref_t`: the zone it lands in
+//! (zero, live, saturated, biased, released; see [`AtomicCount`]) says
+//! whether it needs a repair. The put that lands on zero elects the
+//! release (a compare-and-swap to `RELEASED`); a get or tryget that lands
+//! on a released counter gives its increment back and fails.
+//!
 //! # What cannot go wrong half-way
 //!
 //! - A `confirm` that panics does not stop the switch: the panic is caught,
@@ -46,8 +53,14 @@
 //!   in percpu mode, so one call can never push a per-CPU counter, or the
 //!   sharded backend's seal, out of its range, and an overflow is caught
 //!   at the call that makes it.
-//! - A released ref stays released: going back to percpu mode adds the
-//!   bias only to a non-zero count, in one compare-and-swap.
+//! - A released ref stays released: its counter sits in the released
+//!   zone, where every get and tryget fails and gives back what it added,
+//!   and going back to percpu mode adds the bias only to a live count, in
+//!   one compare-and-swap; only `reinit` and `resurrect` (under the switch
+//!   lock) shift it back to live.
+//! - Saturation is sticky: a small get that pushes the count past
+//!   2^62 - 1 in atomic mode parks the counter in the biased zone (a
+//!   miscounted ref, which never releases) and panics.
 //!
 //! # Locking
 //!
@@ -71,7 +84,10 @@
 //! periods too: step 3 waits for the first grace period that starts after
 //! their `ATOMIC` store, whoever runs it.
 
-use crate::atomic_mode::{AddOutcome, AtomicCount, Fold, PutOutcome, BIAS, MAX_COUNT};
+use crate::atomic_mode::{
+    AddOutcome, AtomicCount, Fold, PutOutcome, Refused, BIAS, MAX_COUNT, RELEASED,
+    UNCHECKED_N_LIMIT,
+};
 use crate::flags::{Error, InitFlags};
 use crate::grace::{self, Callback, Entry};
 use crate::percpu::{
@@ -315,8 +331,13 @@ impl PercpuRef {
         } else {
             counters.percpu_mode()
         };
-        let base = u64::from(!dead);
-        let count = if atomic { base } else { BIAS + base };
+        let count = if dead {
+            RELEASED
+        } else if atomic {
+            1
+        } else {
+            BIAS + 1
+        };
         Ok(PercpuRef {
             mode: AtomicUsize::new(mode),
             counters,
@@ -339,8 +360,10 @@ impl PercpuRef {
     ///
     /// If the count is zero (the ref was released): that is a use after
     /// release; use [`tryget`](Self::tryget) to take a first reference. If
-    /// the count would pass 2^62 - 1 (an overflow, as `Arc`'s abort); the
-    /// count is left unchanged.
+    /// the count would pass 2^62 - 1 (an overflow, as `Arc`'s abort): in
+    /// atomic mode the count is then saturated (one unconditional add
+    /// passed the limit): the ref is miscounted and never releases, as the
+    /// kernel's `rcuref_t` leaks a saturated object.
     #[inline]
     pub fn get(&self) {
         self.get_many(1);
@@ -353,8 +376,9 @@ impl PercpuRef {
     ///
     /// # Panics
     ///
-    /// If the count is zero, if `n` is above 2^62 - 1, or on an overflow
-    /// (as [`get`](Self::get)); the count is left unchanged.
+    /// If the count is zero, if `n` is above 2^62 - 1, or on an overflow:
+    /// as [`get`](Self::get) for `n` below 2^16; a larger `n` is refused
+    /// before it writes and leaves the count unchanged.
     #[inline]
     pub fn get_many(&self, n: usize) {
         let n = checked_n("get_many", n);
@@ -379,16 +403,27 @@ impl PercpuRef {
         unsafe { Counters::try_add_raw(&raw const self.counters, &raw const self.mode, delta) }
     }
 
+    /// The atomic-mode get: one `fetch_add` ([`AtomicCount::get`]).
     #[inline(never)]
     fn get_atomic(&self, n: u64) {
-        match self.count.add_unless_zero(n) {
+        match self.count.get(n) {
             AddOutcome::Added => {}
-            AddOutcome::Zero => panic!(
-                "percpu_ref::get_many({n}): the count is 0 (the ref was released); \
-                 get needs a reference already held, use tryget"
-            ),
-            AddOutcome::Overflow { count } => overflow("get_many", n, count),
+            AddOutcome::Released { release } => self.get_released(n, release),
+            AddOutcome::Overflow { count } => overflow("get_many", n, count, parks(n)),
         }
+    }
+
+    /// A get on a released ref: misuse. Runs `release` when the get's
+    /// give-back was the last landing on zero (a revival raced it).
+    #[cold]
+    fn get_released(&self, n: u64, release: bool) -> ! {
+        if release {
+            (self.release)(self);
+        }
+        panic!(
+            "percpu_ref::get_many({n}): the count is 0 (the ref was released); \
+             get needs a reference already held, use tryget"
+        )
     }
 
     /// Drops a reference; the last one runs `release`.
@@ -462,15 +497,21 @@ impl PercpuRef {
     unsafe fn put_atomic_raw(this: *const Self, n: u64) {
         // SAFETY: alive until our decrement; `count` is only atomics.
         let count = unsafe { &(*this).count };
-        match count.sub(n) {
+        match count.put(n) {
             PutOutcome::Alive => {}
             PutOutcome::ReachedZero => {
-                // SAFETY: ours was the last reference: nobody can free the
-                // ref before its release has run.
+                // SAFETY: ours was the last reference and won the election:
+                // nobody can free the ref before its release has run.
                 let r = unsafe { &*this };
                 (r.release)(r);
             }
-            PutOutcome::Underflow { count } => {
+            PutOutcome::Underflow { count, release } => {
+                if release {
+                    // SAFETY: as above: this thread's give-back won the
+                    // election, so the release is ours to run.
+                    let r = unsafe { &*this };
+                    (r.release)(r);
+                }
                 panic!("{}", underflow_message("put_many", n, count))
             }
         }
@@ -521,18 +562,21 @@ impl PercpuRef {
         self.try_add_percpu(n, n) || self.tryget_atomic("tryget_many", n)
     }
 
+    /// The atomic-mode tryget: one `fetch_add` ([`AtomicCount::tryget`]).
+    /// A tryget that lands on a released ref gives its increment back, and
+    /// runs `release` itself when that give-back was the last landing on
+    /// zero (a revival raced it; see `atomic_mode`, invariant 3).
     #[inline(never)]
     fn tryget_atomic(&self, op: &str, n: u64) -> bool {
-        // mutant tryget_no_zero_check: in atomic mode, add even at zero.
-        let outcome = mutant!(
-            "tryget_no_zero_check",
-            self.count.add_unless_zero(n),
-            self.count.add(n).map_or_else(|e| e, |_| AddOutcome::Added)
-        );
-        match outcome {
+        match self.count.tryget(n) {
             AddOutcome::Added => true,
-            AddOutcome::Zero => false,
-            AddOutcome::Overflow { count } => overflow(op, n, count),
+            AddOutcome::Released { release } => {
+                if release {
+                    (self.release)(self);
+                }
+                false
+            }
+            AddOutcome::Overflow { count } => overflow(op, n, count, parks(n)),
         }
     }
 
@@ -1263,7 +1307,7 @@ impl PercpuRef {
         if self.mode() & MODE_DEAD == 0 {
             return Err(Error::NotDead { op: "resurrect" });
         }
-        self.revive_locked(&mut g, "resurrect")
+        self.revive_locked(&mut g, "resurrect", false)
     }
 
     /// Re-initialises a ref whose count is zero: as
@@ -1285,33 +1329,49 @@ impl PercpuRef {
                 count: None,
             });
         }
-        let count = self.count.load();
-        if count != 0 {
-            return Err(Error::NotZero {
+        // Under the lock, a true count of zero stays zero: only a revival
+        // leaves the released zone, and a tryget that lands on a count
+        // being released waits for its election (`AtomicCount::revive`).
+        match self.count.true_count() {
+            Some(0) => self.revive_locked(&mut g, "reinit", true),
+            count => Err(Error::NotZero {
                 op: "reinit",
-                count: Some(count),
-            });
+                count: Some(count.unwrap_or_else(|| self.count.load())),
+            }),
         }
-        self.revive_locked(&mut g, "reinit")
     }
 
-    fn revive_locked(&self, g: &mut SwitchGuard<'_>, op: &'static str) -> Result<(), Error> {
+    /// Revives a dead or released ref under the switch lock (`reinit`
+    /// with `require_zero`: the count is decided in the same step as the
+    /// new base reference, since a tryget may revive a count that a put is
+    /// still releasing).
+    fn revive_locked(
+        &self,
+        g: &mut SwitchGuard<'_>,
+        op: &'static str,
+        require_zero: bool,
+    ) -> Result<(), Error> {
         if !g.state.allow_reinit && !g.state.force_atomic {
             return Err(Error::ReinitNotAllowed { op });
         }
-        // Out of range stays out of range (every operation keeps the
-        // counter in its range), so this check cannot go stale.
-        let count = self.count.load();
-        if count > MAX_COUNT {
-            return Err(Error::Miscounted { op, count });
-        }
         // The new base reference. Release: whoever takes a reference from
         // it (a tryget on the atomic path, before the mode goes percpu)
-        // sees what the reviver wrote before reviving.
+        // sees what the reviver wrote before reviving. Out of range stays
+        // out of range (saturation and parking are sticky), so this refuses
+        // a miscounted ref before anything changed.
         // mutant revive_no_base_ref: come back to life without a base reference.
         if !mutated!("revive_no_base_ref") {
-            if let Err(AddOutcome::Overflow { count }) = self.count.add(1) {
-                overflow(op, 1, count);
+            match self.count.revive(require_zero) {
+                Ok(_) => {}
+                Err(Refused::Overflow(count)) => overflow(op, 1, count, false),
+                Err(Refused::Miscounted(count)) => return Err(Error::Miscounted { op, count }),
+                Err(Refused::NotZero(count)) => {
+                    return Err(Error::NotZero {
+                        op,
+                        count: Some(count),
+                    })
+                }
+                Err(Refused::Released) => unreachable!("a revival refuses no count as released"),
             }
         }
         // ordering-audit: Relaxed: the count's add above (Release) publishes the revival; a
@@ -1333,7 +1393,7 @@ impl PercpuRef {
     /// `release` callback (which runs after the last put) instead.
     #[must_use]
     pub fn is_zero(&self) -> bool {
-        self.mode() & MODE_ATOMIC != 0 && self.count.load() == 0
+        self.mode() & MODE_ATOMIC != 0 && self.count.true_count() == Some(0)
     }
 
     /// True once the ref was killed (until revived).
@@ -1357,8 +1417,7 @@ impl PercpuRef {
         if self.is_percpu() {
             return None;
         }
-        let c = self.count.load();
-        (c <= MAX_COUNT).then_some(c)
+        self.count.true_count()
     }
 
     /// The per-CPU backend this ref counts on.
@@ -1478,7 +1537,7 @@ impl PercpuRef {
                 // ordering-audit: Relaxed: restores the word under the switch lock; the failed
                 // switch published nothing.
                 self.mode.store(undo_mode, Ordering::Relaxed);
-                let _ = self.count.sub(1);
+                let _ = self.count.put(1);
                 return Err(Error::GracePeriodFailed {
                     op,
                     errno: e.raw_os_error().unwrap_or(0),
@@ -1499,7 +1558,7 @@ impl PercpuRef {
         let miscount = miscount_message(fold, op);
         // mutant confirm_after_put: drop the temporary reference before confirm.
         let put_first = mutated!("confirm_after_put");
-        if put_first && self.count.sub(1) == PutOutcome::ReachedZero {
+        if put_first && self.count.put(1) == PutOutcome::ReachedZero {
             (self.release)(self);
         }
         Ok(AtomicSwitch {
@@ -1530,10 +1589,11 @@ impl PercpuRef {
 
     /// One put under the switch lock; release and panics are deferred.
     fn put_locked(&self, d: &mut Deferred, op: &str) {
-        match self.count.sub(1) {
+        match self.count.put(1) {
             PutOutcome::Alive => {}
             PutOutcome::ReachedZero => d.release = true,
-            PutOutcome::Underflow { count } => {
+            PutOutcome::Underflow { count, release } => {
+                d.release |= release;
                 d.panic.get_or_insert(underflow_message(op, 1, count));
             }
         }
@@ -1593,10 +1653,13 @@ impl PercpuRef {
     /// Adds `BIAS` to the atomic count for percpu mode, unless the count is
     /// zero (released) or broken (miscounted).
     fn add_bias(&self, op: &'static str) -> Result<(), Error> {
-        match self.count.add_bias_unless_zero() {
+        match self.count.add_bias() {
             Ok(_) => Ok(()),
-            Err(0) => Err(Error::Released { op }),
-            Err(count) => Err(Error::Miscounted { op, count }),
+            Err(Refused::Released) => Err(Error::Released { op }),
+            Err(Refused::Miscounted(count)) => Err(Error::Miscounted { op, count }),
+            Err(refused @ (Refused::Overflow(_) | Refused::NotZero(_))) => {
+                unreachable!("percpu_ref::{op}: adding the bias was refused as {refused:?}")
+            }
         }
     }
 }
@@ -1684,9 +1747,21 @@ fn n_too_large(op: &str, n: u64) -> ! {
     panic!("percpu_ref::{op}({n}): n is above the largest count, 2^62 - 1");
 }
 
+/// Whether an overflow by `n` parks the counter (one unconditional add,
+/// which saturates) rather than being refused before it writes.
+fn parks(n: u64) -> bool {
+    n < UNCHECKED_N_LIMIT
+}
+
 #[cold]
 #[inline(never)]
-fn overflow(op: &str, n: u64, count: u64) -> ! {
+fn overflow(op: &str, n: u64, count: u64, parked: bool) -> ! {
+    assert!(
+        !parked,
+        "percpu_ref::{op}: count overflow: adding {n} to the counter at {count} passed \
+         its range (at most 2^62 - 1 references); the count is saturated: the ref will \
+         never release"
+    );
     panic!(
         "percpu_ref::{op}: count overflow: adding {n} to the counter at {count} would pass \
          its range (at most 2^62 - 1 references); the count is left at {count}"

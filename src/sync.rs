@@ -63,6 +63,16 @@ pub(crate) fn try_lock<T>(m: &Mutex<T>) -> Option<MutexGuard<'_, T>> {
     }
 }
 
+/// One step of a wait for another thread that is a few instructions from
+/// done (the atomic counter's election, or the give-back of a misused
+/// put): lets it run. Under loom, a yield that loom schedules.
+pub(crate) fn spin_wait() {
+    #[cfg(percpu_ref_loom)]
+    loom::thread::yield_now();
+    #[cfg(not(percpu_ref_loom))]
+    std::thread::yield_now();
+}
+
 /// A small number that identifies the calling thread while it lives.
 ///
 /// Used to detect a switch operation called from inside its own confirm

@@ -8,8 +8,9 @@
 //! `_many` calls with `n >= 2^16`) plus `s` (the per-CPU sum). That makes
 //! every outcome exact, including which misuse is caught at the call (in
 //! atomic mode, or a huge `n`) and which at the next switch (an underflow
-//! in percpu mode). A sequence ends when the ref becomes miscounted: from
-//! then on it never releases, which the last step checks.
+//! in percpu mode). A sequence ends when the ref becomes miscounted (the
+//! fold found misuse, or an atomic-mode add of `n < 2^16` saturated the
+//! count): from then on it never releases, which the last step checks.
 
 mod common;
 use common::{backends, counted_with, try_panic_message};
@@ -143,7 +144,14 @@ impl Model {
             };
         }
         if self.a + n > MAX {
-            return Outcome::Panic("overflow".into());
+            // In atomic mode a small `n` is one unconditional add: it
+            // saturates the count, which stays so (the ref is parked). A
+            // large one, and any in percpu mode, is refused unchanged.
+            if !self.percpu && n < i128::from(LIMIT) {
+                self.miscounted = true;
+                return Outcome::Panic("saturated".into());
+            }
+            return Outcome::Panic("left at".into());
         }
         self.a += n;
         if unless_zero {
@@ -179,7 +187,8 @@ impl Model {
                     self.s -= n;
                     Outcome::Done
                 } else if self.percpu {
-                    if self.a - n <= -(1 << 62) {
+                    // The biased counter's checked range: `a >= -2^61`.
+                    if self.a - n < -(1 << 61) {
                         return Outcome::Panic("underflow".into());
                     }
                     self.a -= n;
@@ -324,7 +333,7 @@ impl Model {
             return Outcome::Err(Error::ReinitNotAllowed { op });
         }
         if self.a + 1 > MAX {
-            return Outcome::Panic("overflow".into());
+            return Outcome::Panic("left at".into());
         }
         self.a += 1;
         self.dead = false;

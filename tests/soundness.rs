@@ -209,25 +209,64 @@ fn huge_n_from_many_threads_counts_exactly() {
 
 #[test]
 #[cfg(target_pointer_width = "64")]
-fn overflow_in_atomic_mode_panics_and_keeps_the_count() {
+fn a_large_overflow_in_atomic_mode_panics_and_keeps_the_count() {
     for b in backends() {
         let (r, rel) = counted(InitFlags::INIT_ATOMIC, b);
         let msg = panic_message(|| r.get_many(MAX_COUNT));
         assert!(
-            msg.contains("get_many") && msg.contains("overflow"),
+            msg.contains("get_many") && msg.contains("overflow") && msg.contains("left at 1"),
             "{msg}"
         );
         assert_eq!(r.atomic_count(), Some(1), "{b}: unchanged");
         r.get_many(MAX_COUNT - 1); // exactly at the limit
         assert_eq!(r.atomic_count(), Some(MAX_COUNT as u64));
-        assert!(panic_message(|| r.get()).contains("overflow"));
-        assert!(panic_message(|| {
-            let _ = r.tryget(); // panics before it returns
-        })
-        .contains("overflow"));
+        // `n >= 2^16`: checked before it writes, refused.
+        let msg = panic_message(|| {
+            let _ = r.tryget_many(1 << 16); // panics before it returns
+        });
+        assert!(msg.contains("overflow") && msg.contains("left at"), "{msg}");
         assert!(!r.is_zero() && r.atomic_count() == Some(MAX_COUNT as u64));
         r.put_many(MAX_COUNT);
         assert_eq!(rel.load(SeqCst), 1, "{b}: released once, at zero");
+    }
+}
+
+/// A get of fewer than 2^16 references in atomic mode is one unconditional
+/// add: past the limit it saturates the count, and saturation is sticky
+/// (as the kernel's `rcuref`): the ref is miscounted and never releases,
+/// whatever puts follow, and it refuses to go back to percpu mode.
+#[test]
+#[cfg(target_pointer_width = "64")]
+fn a_small_overflow_in_atomic_mode_saturates_for_good() {
+    for b in backends() {
+        for tryget in [false, true] {
+            let (r, rel) = counted(InitFlags::ALLOW_REINIT, b);
+            r.switch_to_atomic();
+            r.get_many(MAX_COUNT - 2); // the base plus this: one below the limit
+            assert!(r.tryget());
+            assert_eq!(r.atomic_count(), Some(MAX_COUNT as u64));
+            let msg = panic_message(|| {
+                if tryget {
+                    let _ = r.tryget();
+                } else {
+                    r.get();
+                }
+            });
+            assert!(
+                msg.contains("overflow") && msg.contains("saturated"),
+                "{b}: {msg}"
+            );
+            assert_eq!(r.atomic_count(), None, "{b}: parked");
+            r.put_many(MAX_COUNT);
+            r.put();
+            assert!(!r.is_zero(), "{b}");
+            assert!(
+                matches!(r.switch_to_percpu(), Err(Error::Miscounted { .. })),
+                "{b}"
+            );
+            assert!(matches!(r.kill(), Ok(())), "{b}: a kill still works");
+            assert_eq!(rel.load(SeqCst), 0, "{b}: never released");
+        }
     }
 }
 

@@ -4,6 +4,7 @@
 //! Every test checks exact counts and exactly-once, never-early release.
 
 use percpu_ref::{Backend, InitFlags, PercpuRef};
+use std::cell::Cell;
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::SeqCst};
 use std::sync::{Arc, Barrier, Mutex};
@@ -645,6 +646,167 @@ fn puts_land_while_a_kill_folds(backend: Backend) {
     common::report_counts();
 }
 
+std::thread_local! {
+    /// Set by a release that ran on this thread (read by the trygetters).
+    static RELEASED_HERE: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Trygets on a released ref racing its revival, in atomic mode, where
+/// each operation is one unconditional add (src/atomic_mode.rs): a tryget
+/// that lands on a released count fails, and its increment stays in the
+/// counter until it gives it back; `reinit` keeps such increments (it
+/// shifts the counter back to one reference), so when the owner then puts
+/// its base reference, whichever lands last on zero, that put or a
+/// tryget's give-back, runs the next release.
+///
+/// In each life the owner puts its base reference, waits for the release,
+/// and revives the ref with `reinit`; trygetters hammer `tryget` (holding
+/// what they get for a moment) throughout. Checks: one release per life,
+/// never while a reference is held; a tryget that starts after a release
+/// and ends before the next revival starts fails.
+///
+/// The count reaches zero only at a moment when no trygetter holds a
+/// reference, which with every trygetter on a CPU of its own (an 8-vCPU
+/// guest and more) may take long; so when no release came within
+/// `PAUSE_AFTER`, the owner pauses the trygetters (each finishes what it
+/// holds) and the release must then follow within 10 s.
+fn trygets_race_reinit_in_atomic_mode(backend: Backend) {
+    let lives = common::scaled(if cfg!(miri) { 4 } else { 20_000 });
+    let trygetters = if cfg!(miri) { 2 } else { THREADS - 1 };
+    let (releases, revivals) = (Arc::new(AtomicUsize::new(0)), AtomicUsize::new(0));
+    // The owner's base reference counts as held from before each revival
+    // until its put.
+    let held = Arc::new(AtomicUsize::new(1));
+    let errors = Arc::new(Mutex::new(Vec::<String>::new()));
+    let c = {
+        let (releases, held, errors) = (releases.clone(), held.clone(), errors.clone());
+        counted(backend, InitFlags::INIT_ATOMIC, move || {
+            let h = held.load(SeqCst);
+            if h != 0 {
+                errors
+                    .lock()
+                    .unwrap()
+                    .push(format!("released with {h} held"));
+            }
+            RELEASED_HERE.with(|r| r.set(true));
+            releases.fetch_add(1, SeqCst);
+        })
+    };
+    const PAUSE_AFTER: Duration = Duration::from_millis(50);
+    let (stop, tries, hits) = (
+        AtomicBool::new(false),
+        AtomicUsize::new(0),
+        AtomicUsize::new(0),
+    );
+    let (pause, paused_lives) = (AtomicBool::new(false), AtomicUsize::new(0));
+    // Lives start once every trygetter runs (thread starts are slow in an
+    // emulated guest, where the lives are few).
+    let started = AtomicUsize::new(0);
+    // Releases run by a trygetter's put, and by a failed tryget's give-back.
+    let (by_put, by_give_back) = (AtomicUsize::new(0), AtomicUsize::new(0));
+    thread::scope(|s| {
+        for _ in 0..trygetters {
+            spawn_named(s, "trygetter", || {
+                let mut k = 0usize;
+                started.fetch_add(1, SeqCst);
+                while !stop.load(SeqCst) {
+                    if pause.load(SeqCst) {
+                        thread::yield_now();
+                        continue;
+                    }
+                    let rev = revivals.load(SeqCst);
+                    let released = releases.load(SeqCst) > rev;
+                    RELEASED_HERE.with(|r| r.set(false));
+                    let got = c.r.tryget();
+                    if !got && RELEASED_HERE.with(Cell::get) {
+                        by_give_back.fetch_add(1, SeqCst);
+                    }
+                    if got {
+                        held.fetch_add(1, SeqCst);
+                        if released && revivals.load(SeqCst) == rev {
+                            errors.lock().unwrap().push(
+                                "a tryget succeeded between a release and the next revival".into(),
+                            );
+                        }
+                        hits.fetch_add(1, SeqCst);
+                        for _ in 0..16 {
+                            std::hint::spin_loop();
+                        }
+                        held.fetch_sub(1, SeqCst);
+                        c.r.put();
+                        if RELEASED_HERE.with(Cell::get) {
+                            by_put.fetch_add(1, SeqCst);
+                        }
+                    }
+                    k += 1;
+                    if k.is_multiple_of(BATCH) {
+                        tries.fetch_add(BATCH, SeqCst);
+                        thread::yield_now();
+                    }
+                }
+            });
+        }
+        while started.load(SeqCst) < trygetters {
+            thread::yield_now();
+        }
+        'lives: for life in 0..lives {
+            held.fetch_sub(1, SeqCst);
+            c.r.put(); // the base reference
+            let put_at = Instant::now();
+            let mut paused_at = None;
+            while releases.load(SeqCst) <= life {
+                if paused_at.is_none() && put_at.elapsed() > PAUSE_AFTER {
+                    pause.store(true, SeqCst);
+                    paused_lives.fetch_add(1, SeqCst);
+                    paused_at = Some(Instant::now());
+                }
+                if paused_at.is_some_and(|t| t.elapsed() > Duration::from_secs(10)) {
+                    errors.lock().unwrap().push(format!(
+                        "life {life}: no release 10 s after the trygetters paused"
+                    ));
+                    break 'lives;
+                }
+                thread::yield_now();
+            }
+            pause.store(false, SeqCst);
+            // Let trygets land on the released count (odd lives) or on the
+            // revived one (even lives) before the next put.
+            if life % 2 == 1 {
+                thread::yield_now();
+            }
+            held.fetch_add(1, SeqCst);
+            revivals.fetch_add(1, SeqCst);
+            c.r.reinit().unwrap();
+            if life % 2 == 0 {
+                thread::yield_now();
+            }
+        }
+        stop.store(true, SeqCst);
+    });
+    let errors = errors.lock().unwrap();
+    assert!(
+        errors.is_empty(),
+        "violations (the first): {:?}",
+        &errors[..errors.len().min(4)]
+    );
+    assert_eq!(c.releases.load(SeqCst), lives, "one release per life");
+    assert_eq!(
+        c.r.atomic_count(),
+        Some(1),
+        "the last life's base reference"
+    );
+    eprintln!(
+        "{lives} lives, {} trygets ({} succeeded); releases run by a trygetter's put: \
+         {}, by a failed tryget's give-back: {}; lives that paused the trygetters: {}",
+        tries.load(SeqCst),
+        hits.load(SeqCst),
+        by_put.load(SeqCst),
+        by_give_back.load(SeqCst),
+        paused_lives.load(SeqCst)
+    );
+    common::report_counts();
+}
+
 /// Per-CPU storage is indexed by possible CPUs: a process confined to CPU 1
 /// (as under `taskset -c 1`) counts exactly.
 #[cfg(not(target_os = "linux"))]
@@ -726,5 +888,6 @@ on_every_backend!(
     kill_and_resurrect_cycles_keep_the_count,
     exact_when_confined_to_cpu_1,
     tryget_races_the_final_put,
-    puts_land_while_a_kill_folds
+    puts_land_while_a_kill_folds,
+    trygets_race_reinit_in_atomic_mode
 );

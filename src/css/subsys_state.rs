@@ -291,6 +291,10 @@ impl Css {
     #[must_use = "a `Some` is a reference taken; dropping it at once puts it again; test the css's \
                   state with its queries instead"]
     pub fn tryget(&self) -> Option<CssRef> {
+        // No `SettleReleases` around it, unlike a put: a failed tryget runs
+        // `release` only when its give-back is the last landing on zero,
+        // which takes a revival in between (src/atomic_mode.rs, invariant
+        // 3), and a css is never revived.
         self.refcnt.tryget().then(|| CssRef { css: self.ptr() })
     }
 

@@ -67,9 +67,12 @@
 //! 1. `T` is alive whenever the percpu count is above zero; the count is
 //!    above zero while any `Ref` exists or the owner is live (not killed,
 //!    not frozen).
-//! 2. After the count reached zero in a life, it stays zero until the
-//!    owner revives it (unfreeze); nothing else can revive it, and
-//!    `tryget`/`tryget_live` fail at zero.
+//! 2. After the count reached zero in a life (the put that took it there
+//!    won the release's election; a tryget that lands before the election
+//!    takes a reference and the put is not the last, see
+//!    `src/atomic_mode.rs`), it stays zero until the owner revives it
+//!    (unfreeze); nothing else can revive it, and `tryget`/`tryget_live`
+//!    fail at zero.
 //! 3. `T` is dropped or moved out exactly once: by `release` when nobody
 //!    claimed it, else by the claimant after `release` (decided under the
 //!    state mutex, which both sides take).

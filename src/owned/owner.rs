@@ -433,6 +433,7 @@ impl<T> Owner<T> {
         let inner = self.inner();
         // Hold a reference of our own so the count cannot reach zero (and
         // `release` cannot run) while we revive.
+        let _settle = settle_guard();
         if !inner.pref.tryget() {
             return false;
         }
@@ -441,7 +442,6 @@ impl<T> Owner<T> {
         }
         sync::lock(&inner.state).claimed = false;
         // The base reference is back, so this put is never the last.
-        let _settle = settle_guard();
         inner.pref.put();
         true
     }

@@ -1,6 +1,6 @@
 //! [`Weak`], the handle that keeps the block but not `T`.
 
-use super::block::{drop_unit, inner, value_ptr, Inner};
+use super::block::{drop_unit, inner, settle_guard, value_ptr, Inner};
 #[cfg(doc)]
 use super::Owner;
 use super::Ref;
@@ -114,6 +114,8 @@ impl<T> Weak<T> {
             return self.tryget();
         }
         let (p, inner) = self.inner()?;
+        // A failed tryget may run `release` (see `tryget`).
+        let _settle = settle_guard();
         inner.pref.tryget_live().then(|| make_ref(p))
     }
 
@@ -139,6 +141,11 @@ impl<T> Weak<T> {
     #[must_use = "a Ref that is dropped at once is a get and a put for nothing"]
     pub fn tryget(&self) -> Option<Ref<T>> {
         let (p, inner) = self.inner()?;
+        // A tryget that lands on a released count gives its increment back,
+        // and runs `release` when that give-back is the last landing on
+        // zero (the object was revived by an unfreeze meanwhile, and its new
+        // life ended): the unit that release owes is paid here, as a put's.
+        let _settle = settle_guard();
         inner.pref.tryget().then(|| make_ref(p))
     }
 
