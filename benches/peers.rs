@@ -64,8 +64,9 @@ mod affinity;
 
 use arc_swap::ArcSwap;
 use criterion::{BenchmarkId, Criterion, Throughput};
-use percpu_ref::PercpuRef;
+use percpu_ref::{InitFlags, PercpuRef};
 use std::hint::black_box;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -128,6 +129,7 @@ impl Pair for EpochPin {
 mod floor {
     //! The floor: one restartable sequence per operation, inline.
 
+    use crossbeam_utils::CachePadded;
     use std::alloc::{alloc_zeroed, dealloc, handle_alloc_error, Layout};
     use std::arch::asm;
     use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -143,12 +145,41 @@ mod floor {
         base: *mut u8,
         layout: Layout,
         ncpu: usize,
-        /// The low 32 bits are the limit `cpu_id` must be below: `ncpu`
-        /// (percpu mode); 0 would be atomic mode. Read by the section only.
-        mode: AtomicUsize,
-        /// What the section could not count (it should count everything).
-        fallback: AtomicU64,
+        /// The mode word and, beside it on one cache line as in a
+        /// `PercpuRef`, the count the fallback adds to.
+        near: ModeAndCount,
+        /// The fallback's count on a cache line of its own, for `FAR`.
+        far: CachePadded<AtomicU64>,
+        kind: Kind,
+        /// Operations that took the fallback in percpu mode (a diagnostic,
+        /// not kept in atomic mode, where that is every operation).
         not_counted: AtomicU64,
+    }
+
+    /// The words every operation of the floor reads and writes.
+    #[repr(C, align(16))]
+    struct ModeAndCount {
+        /// The low 32 bits are the limit `cpu_id` must be below: `ncpu`
+        /// (percpu mode), or 0 (atomic mode: nothing counts per CPU). Read
+        /// by the section only.
+        mode: AtomicUsize,
+        /// What the section could not count: nothing in percpu mode, every
+        /// operation in atomic mode (the floor of atomic mode: a section
+        /// that finds the bound at 0, then one atomic add).
+        fallback: AtomicU64,
+    }
+
+    /// Which floor.
+    #[derive(Clone, Copy, PartialEq, Eq)]
+    pub enum Kind {
+        /// Percpu mode: every add counts in the section.
+        Percpu,
+        /// Atomic mode, the count on the mode word's cache line (a
+        /// `PercpuRef`'s layout: its mode word and count are 24 bytes
+        /// apart).
+        Near,
+        /// Atomic mode, the count on a cache line of its own.
+        Far,
     }
 
     // SAFETY: `base` is owned by the `Floor` and only written through the
@@ -165,12 +196,14 @@ mod floor {
         off: isize,
         base: *mut u8,
         mode: *const usize,
+        /// Where the fallback adds ([`Floor::fallback`]).
+        fallback: &'a AtomicU64,
         floor: &'a Floor,
     }
 
     impl Floor {
-        /// The floor, or why this process cannot run it.
-        pub fn new() -> Result<Floor, String> {
+        /// The floor of `kind`, or why this process cannot run it.
+        pub fn new(kind: Kind) -> Result<Floor, String> {
             let off = rseq_offset()?;
             let cpu = current_cpu_id(off);
             if cpu < 0 {
@@ -201,20 +234,28 @@ mod floor {
                 base,
                 layout,
                 ncpu,
-                mode: AtomicUsize::new(limit as usize),
-                fallback: AtomicU64::new(0),
+                near: ModeAndCount {
+                    mode: AtomicUsize::new(if kind == Kind::Percpu {
+                        limit as usize
+                    } else {
+                        0
+                    }),
+                    fallback: AtomicU64::new(0),
+                },
+                far: CachePadded::new(AtomicU64::new(0)),
+                kind,
                 not_counted: AtomicU64::new(0),
             };
             // The balance check after each run passes if nothing is ever
-            // counted; show once that the section does count.
+            // counted; show once that one add counts, and where.
             let h = floor.handle();
             h.add(1);
             let counted = floor.balance();
+            let in_fallback = floor.fallback().load(Ordering::Relaxed);
             h.add(1u64.wrapping_neg());
-            if counted != 1 || floor.not_counted() != 0 {
+            if counted != 1 || in_fallback != u64::from(kind != Kind::Percpu) {
                 return Err(format!(
-                    "self-test: one add counted {counted} ({} not counted)",
-                    floor.not_counted()
+                    "self-test: one add counted {counted} ({in_fallback} in the fallback)"
                 ));
             }
             Ok(floor)
@@ -224,8 +265,19 @@ mod floor {
             Handle {
                 off: self.off,
                 base: self.base,
-                mode: self.mode.as_ptr(),
+                mode: self.near.mode.as_ptr(),
+                fallback: self.fallback(),
                 floor: self,
+            }
+        }
+
+        /// The count the fallback adds to.
+        #[inline(always)]
+        fn fallback(&self) -> &AtomicU64 {
+            if self.kind == Kind::Far {
+                &self.far
+            } else {
+                &self.near.fallback
             }
         }
 
@@ -238,7 +290,7 @@ mod floor {
                     // section (the runs joined their threads).
                     unsafe { self.base.add(c << SHIFT).cast::<u64>().read() }
                 })
-                .fold(self.fallback.load(Ordering::Relaxed), u64::wrapping_add)
+                .fold(self.fallback().load(Ordering::Relaxed), u64::wrapping_add)
         }
 
         /// Operations that took the fallback so far.
@@ -303,8 +355,10 @@ mod floor {
                         shift = const SHIFT,
                         tmp = out(reg) _,
                         not_counted = label {
-                            self.floor.fallback.fetch_add(delta, Ordering::Relaxed);
-                            self.floor.not_counted.fetch_add(1, Ordering::Relaxed);
+                            self.fallback.fetch_add(delta, Ordering::Relaxed);
+                            if self.floor.kind == Kind::Percpu {
+                                self.floor.not_counted.fetch_add(1, Ordering::Relaxed);
+                            }
                         },
                         aborted = label {
                             continue;
@@ -409,7 +463,7 @@ impl Rows {
     fn new() -> Rows {
         Rows {
             #[cfg(all(target_os = "linux", target_arch = "x86_64"))]
-            floor: floor::Floor::new(),
+            floor: floor::Floor::new(floor::Kind::Percpu),
             percpu: Percpu(PercpuRef::new(|_| {})),
             arc: ArcPair(Arc::new(0)),
             arc_swap: ArcSwapLoad(ArcSwap::from_pointee(0)),
@@ -498,14 +552,32 @@ fn cpu_model() -> String {
         .unwrap_or_else(|| "unknown CPU".into())
 }
 
-fn summary(rows: &Rows, cpus: &[usize]) {
-    let ms: u64 = std::env::var("PERCPU_REF_SUMMARY_MS")
+/// `PERCPU_REF_SUMMARY_MS`: about how long each summary row runs (0: no
+/// summary).
+fn summary_ms() -> u64 {
+    std::env::var("PERCPU_REF_SUMMARY_MS")
         .ok()
         .and_then(|v| v.parse().ok())
-        .unwrap_or(200);
-    if ms == 0 {
-        return;
+        .unwrap_or(200)
+}
+
+/// A table's rows, one cell per thread count.
+fn print_table(table: &[(String, Vec<f64>)], counts: &[usize]) {
+    let mut header = format!("{:<24}{:>10}", "", "1 thread");
+    if counts.len() > 1 {
+        header += &format!("{:>12}", format!("{} threads", counts.last().unwrap()));
     }
+    println!("{header}");
+    for (label, cells) in table {
+        let mut line = format!("{label:<24}{:>10.2}", cells[0]);
+        if let Some(c) = cells.get(1) {
+            line += &format!("{c:>12.2}");
+        }
+        println!("{line}");
+    }
+}
+
+fn summary(rows: &Rows, cpus: &[usize], ms: u64) {
     let counts = thread_counts();
     let mut table: Vec<(String, Vec<f64>)> = Vec::new();
     let (mut fewest, mut most) = (u64::MAX, 0);
@@ -530,20 +602,9 @@ fn summary(rows: &Rows, cpus: &[usize]) {
         mega(most),
         cpu_model()
     );
-    let mut header = format!("{:<20}{:>10}", "", "1 thread");
-    if counts.len() > 1 {
-        header += &format!("{:>12}", format!("{all} threads"));
-    }
-    println!("{header}");
+    print_table(&table, &counts);
     if let Some(why) = rows.floor_skipped() {
-        println!("{FLOOR:<20}  skipped: {why}");
-    }
-    for (label, cells) in &table {
-        let mut line = format!("{label:<20}{:>10.2}", cells[0]);
-        if let Some(c) = cells.get(1) {
-            line += &format!("{c:>12.2}");
-        }
-        println!("{line}");
+        println!("{FLOOR}: skipped: {why}");
     }
     println!("percpu_ref backend: {}", rows.percpu.0.backend());
     rows.report_not_counted();
@@ -569,14 +630,345 @@ fn summary(rows: &Rows, cpus: &[usize]) {
     }
 }
 
+// ----- atomic mode ------------------------------------------------------------
+
+/// How a timed loop of the atomic-mode tables runs.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Loop {
+    /// Pairs back to back, the object's address passed through a register
+    /// the optimiser cannot see into: no memory write but the pair's own.
+    BackToBack,
+    /// One store of the loop's own per pair, as any caller's loop body has.
+    WithStore,
+}
+
+/// `r`, through a register the optimiser cannot see into, so that nothing
+/// loaded through it is hoisted out of the timed loop, without the store
+/// to the stack that `black_box(r)` makes (on x86, a locked RMW waits for
+/// every earlier store to drain, so that store would be timed too).
+#[inline(always)]
+fn opaque<T>(r: &T) -> &T {
+    #[allow(unused_mut)]
+    let mut p = std::ptr::from_ref(r);
+    #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
+    // The pointer is only passed through a register, never dereferenced.
+    #[allow(clippy::pointers_in_nomem_asm_block)]
+    // SAFETY: an empty instruction string: `p` is left as it was, and the
+    // asm touches no memory, stack or flags.
+    unsafe {
+        std::arch::asm!("/* {0} */", inout(reg) p, options(nomem, nostack, preserves_flags));
+    }
+    #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
+    {
+        p = black_box(p);
+    }
+    // SAFETY: `p` is `r`, unchanged.
+    unsafe { &*p }
+}
+
+/// `iters` pairs on `obj` in the way `lp` says.
+#[inline(never)]
+fn atomic_pairs<P: Pair>(obj: &P, iters: u64, lp: Loop) {
+    for i in 0..iters {
+        opaque(obj).pair();
+        if lp == Loop::WithStore {
+            black_box(i);
+        }
+    }
+}
+
+/// A bare `AtomicU64` used as a refcount: the cheapest counter that can
+/// see zero, and the row the atomic-mode targets compare with.
+struct AtomicBare(AtomicU64);
+impl Pair for AtomicBare {
+    #[inline(always)]
+    fn pair(&self) {
+        self.0.fetch_add(1, Ordering::Relaxed);
+        self.0.fetch_sub(1, Ordering::Release);
+    }
+}
+
+/// `tryget` + `put`; `check` asserts every tryget succeeded.
+struct TryPair(PercpuRef);
+impl Pair for TryPair {
+    #[inline(always)]
+    fn pair(&self) {
+        if self.0.tryget() {
+            self.0.put();
+        }
+    }
+    fn check(&self) {
+        assert_eq!(self.0.atomic_count(), Some(1), "tryget + put: unbalanced");
+    }
+}
+
+/// `tryget_live` + `put`.
+struct TryLivePair(PercpuRef);
+impl Pair for TryLivePair {
+    #[inline(always)]
+    fn pair(&self) {
+        if self.0.tryget_live() {
+            self.0.put();
+        }
+    }
+    fn check(&self) {
+        assert_eq!(
+            self.0.atomic_count(),
+            Some(1),
+            "tryget_live + put: unbalanced"
+        );
+    }
+}
+
+/// `Arc` clone + drop, the clone's pointer kept in a register (no store:
+/// see [`opaque`]).
+struct ArcInRegister(Arc<u64>);
+impl Pair for ArcInRegister {
+    #[inline(always)]
+    fn pair(&self) {
+        let p = Arc::into_raw(Arc::clone(&self.0));
+        // SAFETY: `p` came from `Arc::into_raw` just above; this gives the
+        // clone's count back.
+        drop(unsafe { Arc::from_raw(opaque(&*p)) });
+    }
+}
+
+/// A row's object at the start of a cache line of its own, so that where a
+/// `PercpuRef`'s words fall is the same in every run: its mode word and
+/// its count (24 bytes on) on one line, as for a ref at the start of a heap
+/// block. (Unaligned, a ref straddles two lines in 3 placements of 8, and
+/// its two-thread figures change with where the process's stack happened
+/// to put it.)
+#[repr(align(64))]
+struct Line<P>(P);
+
+impl<P: Pair> Pair for Line<P> {
+    #[inline(always)]
+    fn pair(&self) {
+        self.0.pair();
+    }
+    fn check(&self) {
+        self.0.check();
+    }
+}
+
+/// The atomic-mode rows: one shared object each, in atomic mode.
+struct AtomicRows {
+    bare: Line<AtomicBare>,
+    #[cfg(all(target_os = "linux", target_arch = "x86_64"))]
+    floor_near: Result<floor::Floor, String>,
+    #[cfg(all(target_os = "linux", target_arch = "x86_64"))]
+    floor_far: Result<floor::Floor, String>,
+    init_atomic: Line<Percpu>,
+    tryget: Line<TryPair>,
+    tryget_live: Line<TryLivePair>,
+    killed: Line<Percpu>,
+    arc: ArcInRegister,
+}
+
+const ATOMIC_BARE: &str = "AtomicU64 add+sub";
+const ATOMIC_FLOOR: &str = "floor (section+add)";
+#[cfg(all(target_os = "linux", target_arch = "x86_64"))]
+const ATOMIC_FLOOR_FAR: &str = "floor, count own line";
+const ATOMIC_REFS: [&str; 4] = [
+    "INIT_ATOMIC get+put",
+    "tryget+put",
+    "tryget_live+put",
+    "killed, held: get+put",
+];
+
+impl AtomicRows {
+    fn new() -> AtomicRows {
+        let atomic = || PercpuRef::with_flags(|_| {}, InitFlags::INIT_ATOMIC);
+        // Killed while a reference is held: atomic and dying, count 1.
+        let killed = PercpuRef::new(|_| {});
+        killed.get();
+        killed.kill().expect("a new ref is alive");
+        AtomicRows {
+            bare: Line(AtomicBare(AtomicU64::new(1))),
+            #[cfg(all(target_os = "linux", target_arch = "x86_64"))]
+            floor_near: floor::Floor::new(floor::Kind::Near),
+            #[cfg(all(target_os = "linux", target_arch = "x86_64"))]
+            floor_far: floor::Floor::new(floor::Kind::Far),
+            init_atomic: Line(Percpu(atomic())),
+            tryget: Line(TryPair(atomic())),
+            tryget_live: Line(TryLivePair(atomic())),
+            killed: Line(Percpu(killed)),
+            arc: ArcInRegister(Arc::new(0)),
+        }
+    }
+
+    /// Each runnable row's criterion id, summary label and runner
+    /// `(threads, iters) -> slowest thread's time`, for loop `lp`.
+    fn runners<'a>(&'a self, cpus: &'a [usize], lp: Loop) -> Vec<Row<'a>> {
+        fn runner<'a, P: Pair>(obj: &'a P, cpus: &'a [usize], lp: Loop) -> Runner<'a> {
+            Box::new(move |t, n| {
+                let slowest = affinity::run_pinned(t, cpus, || atomic_pairs(obj, n, lp));
+                obj.check();
+                slowest
+            })
+        }
+        let mut rows: Vec<Row<'a>> = vec![("bare", ATOMIC_BARE, runner(&self.bare, cpus, lp))];
+        #[cfg(all(target_os = "linux", target_arch = "x86_64"))]
+        for (id, label, fl) in [
+            ("floor", ATOMIC_FLOOR, &self.floor_near),
+            ("floor_far", ATOMIC_FLOOR_FAR, &self.floor_far),
+        ] {
+            if let Ok(fl) = fl {
+                rows.push((id, label, runner(fl, cpus, lp)));
+            }
+        }
+        rows.extend([
+            (
+                "init_atomic",
+                ATOMIC_REFS[0],
+                runner(&self.init_atomic, cpus, lp),
+            ),
+            ("tryget", ATOMIC_REFS[1], runner(&self.tryget, cpus, lp)),
+            (
+                "tryget_live",
+                ATOMIC_REFS[2],
+                runner(&self.tryget_live, cpus, lp),
+            ),
+            ("killed", ATOMIC_REFS[3], runner(&self.killed, cpus, lp)),
+            ("arc", "Arc clone+drop", runner(&self.arc, cpus, lp)),
+        ]);
+        rows
+    }
+}
+
+/// `(threads, iters) -> slowest thread's time`.
+type Runner<'a> = Box<dyn Fn(usize, u64) -> Duration + 'a>;
+/// A row's criterion id, summary label and runner.
+type Row<'a> = (&'static str, &'static str, Runner<'a>);
+
+fn bench_atomic(c: &mut Criterion, rows: &AtomicRows, cpus: &[usize]) {
+    let mut g = c.benchmark_group("atomic_mode");
+    for threads in thread_counts() {
+        g.throughput(Throughput::Elements(threads as u64));
+        for (id, _, runner) in rows.runners(cpus, Loop::BackToBack) {
+            g.bench_function(BenchmarkId::new(id, threads), |b| {
+                b.iter_custom(|n| runner(threads, n))
+            });
+        }
+    }
+    g.finish();
+}
+
+/// Runs per row and thread count in the atomic-mode tables: more than the
+/// peers table's, since two threads on one cache line vary by half from
+/// one run to the next on a shared VM.
+const ATOMIC_RUNS: usize = 9;
+
+/// Median ns per pair per thread of every runner at every thread count,
+/// measured in [`ATOMIC_RUNS`] rounds that each run every row once (so that
+/// a slow phase of the machine lands on every row alike), each run lasting
+/// about `ms / ATOMIC_RUNS`.
+fn interleaved(runners: &[Runner<'_>], counts: &[usize], ms: u64) -> Vec<Vec<f64>> {
+    let ns = |r: &dyn Fn(usize, u64) -> Duration, t, pairs: u64| {
+        r(t, pairs).as_secs_f64() * 1e9 / pairs as f64
+    };
+    // Pairs per run, from the fastest of three short probes.
+    let pairs: Vec<Vec<u64>> = runners
+        .iter()
+        .map(|r| {
+            counts
+                .iter()
+                .map(|&t| {
+                    let probe = (0..3)
+                        .map(|_| ns(&**r, t, 20_000))
+                        .fold(f64::INFINITY, f64::min);
+                    ((ms as f64 * 1e6 / ATOMIC_RUNS as f64) / probe).max(10_000.0) as u64
+                })
+                .collect()
+        })
+        .collect();
+    let mut samples = vec![vec![Vec::new(); counts.len()]; runners.len()];
+    for _ in 0..ATOMIC_RUNS {
+        for (i, r) in runners.iter().enumerate() {
+            for (j, &t) in counts.iter().enumerate() {
+                samples[i][j].push(ns(&**r, t, pairs[i][j]));
+            }
+        }
+    }
+    samples
+        .into_iter()
+        .map(|row| {
+            row.into_iter()
+                .map(|mut s| {
+                    s.sort_by(f64::total_cmp);
+                    s[s.len() / 2]
+                })
+                .collect()
+        })
+        .collect()
+}
+
+/// The atomic-mode tables (both loops) and their ratios to the bare pair
+/// (the target: at most 1.15) and to the floor.
+fn atomic_summary(rows: &AtomicRows, cpus: &[usize], ms: u64) {
+    let counts = thread_counts();
+    let all = *counts.last().unwrap();
+    for (lp, title) in [
+        (Loop::BackToBack, "pairs back to back"),
+        (Loop::WithStore, "one store of the loop's own per pair"),
+    ] {
+        let (labels, runners): (Vec<_>, Vec<_>) = rows
+            .runners(cpus, lp)
+            .into_iter()
+            .map(|(_, label, runner)| (label.to_string(), runner))
+            .unzip();
+        let cells = interleaved(&runners, &counts, ms);
+        let table: Vec<(String, Vec<f64>)> = labels.into_iter().zip(cells).collect();
+        println!(
+            "\natomic mode, {title} (ns per operation pair per thread, median of \
+             {ATOMIC_RUNS} runs, the rows interleaved; machine: {}, {all} CPUs)",
+            cpu_model()
+        );
+        print_table(&table, &counts);
+        let get = |label: &str| table.iter().find(|r| r.0 == label).map(|r| r.1.clone());
+        let bare = get(ATOMIC_BARE).expect("bare row measured");
+        let floor = get(ATOMIC_FLOOR);
+        for label in ATOMIC_REFS {
+            let Some(cells) = get(label) else { continue };
+            let ratio = |base: &[f64]| {
+                cells
+                    .iter()
+                    .zip(base)
+                    .map(|(c, b)| format!("{:.2}", c / b))
+                    .collect::<Vec<_>>()
+                    .join(" / ")
+            };
+            let to_floor = floor
+                .as_deref()
+                .map_or_else(|| "not measured".into(), ratio);
+            println!(
+                "{label} / bare: {} (target <= 1.15); / floor: {to_floor}  (1 / {all} threads)",
+                ratio(&bare)
+            );
+        }
+    }
+    #[cfg(all(target_os = "linux", target_arch = "x86_64"))]
+    if let Err(why) = &rows.floor_near {
+        println!("atomic-mode floors skipped: {why}");
+    }
+    println!("percpu_ref backend: {}", rows.init_atomic.0 .0.backend());
+}
+
 fn main() {
     let rows = Rows::new();
+    let atomic = AtomicRows::new();
     let cpus = affinity::allowed_cpus();
     let mut c = Criterion::default().configure_from_args();
     bench_peers(&mut c, &rows, &cpus);
+    bench_atomic(&mut c, &atomic, &cpus);
     c.final_summary();
     let args: Vec<String> = std::env::args().collect();
     if !args.iter().any(|a| a == "--test" || a == "--list") {
-        summary(&rows, &cpus);
+        let ms = summary_ms();
+        if ms != 0 {
+            summary(&rows, &cpus, ms);
+            atomic_summary(&atomic, &cpus, ms);
+        }
     }
 }

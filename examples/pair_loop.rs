@@ -2,7 +2,11 @@
 //! for counting instructions per pair with callgrind
 //! (`scripts/callgrind-pair`) or timing one thread quickly.
 //!
-//! Usage: `pair_loop <rseq|sharded|atomic|arc|rseq-churn|sharded-churn|new-churn|arc-churn> <n>`
+//! Usage: `pair_loop <rseq|sharded|rseq-atomic|atomic|arc|rseq-churn|sharded-churn|new-churn|arc-churn> <n>`
+//!
+//! `rseq-atomic` is a get + put on an `INIT_ATOMIC` ref of the rseq backend:
+//! the section finds atomic mode and the pair takes the atomic counter's
+//! one `fetch_add` and one `fetch_sub`.
 //!
 //! The `-churn` variants make a new ref (or `Arc`) per iteration, do one
 //! get + put (clone + drop) on it and drop it; `new-churn` makes it with
@@ -83,7 +87,8 @@ fn main() {
         (Some(w), Some(Ok(n))) => (w.as_str(), n),
         _ => {
             eprintln!(
-                "usage: pair_loop <rseq|sharded|atomic|arc|rseq-churn|sharded-churn|new-churn|arc-churn> <n>"
+                "usage: pair_loop <rseq|sharded|rseq-atomic|atomic|arc|rseq-churn|sharded-churn|\
+                 new-churn|arc-churn> <n>"
             );
             std::process::exit(2);
         }
@@ -103,6 +108,11 @@ fn main() {
                 Backend::Sharded
             };
             let r = PercpuRef::with_backend(|_| {}, InitFlags::empty(), backend)
+                .unwrap_or_else(|e| panic!("pair_loop {what}: {e}"));
+            percpu_pairs(black_box(&r), black_box(n));
+        }
+        "rseq-atomic" => {
+            let r = PercpuRef::with_backend(|_| {}, InitFlags::INIT_ATOMIC, Backend::Rseq)
                 .unwrap_or_else(|e| panic!("pair_loop {what}: {e}"));
             percpu_pairs(black_box(&r), black_box(n));
         }
