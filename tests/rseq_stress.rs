@@ -156,6 +156,11 @@ fn stress() -> Report {
     let stop_helpers = Arc::new(AtomicBool::new(false));
     let threads: Arc<Mutex<Vec<(libc::pid_t, libc::pthread_t)>>> = Arc::default();
     let cpus_seen = Arc::new(AtomicU64::new(0));
+    // A worker's panic (a protocol bug: an underflow, a get on a released
+    // ref) as a message: the main thread fails the test with it instead of
+    // waiting for progress or at a barrier that worker never reaches.
+    let worker_panic: Arc<Mutex<Option<String>>> = Arc::default();
+    let looped = Arc::new(AtomicUsize::new(0));
     let loops_done = Arc::new(Barrier::new(WORKERS + 1));
     let may_finish = Arc::new(Barrier::new(WORKERS + 1));
     let workers: Vec<_> = (0..WORKERS)
@@ -168,7 +173,8 @@ fn stress() -> Report {
             );
             let (finished, loops_done, may_finish) =
                 (finished.clone(), loops_done.clone(), may_finish.clone());
-            let (killed, ops) = (killed.clone(), ops());
+            let (killed, ops, worker_panic, looped) =
+                (killed.clone(), ops(), worker_panic.clone(), looped.clone());
             std::thread::spawn(move || {
                 // SAFETY: pthread_self has no preconditions.
                 threads
@@ -176,21 +182,35 @@ fn stress() -> Report {
                     .unwrap()
                     .push((gettid(), unsafe { libc::pthread_self() }));
                 r.get(); // this worker's own reference
-                let mut k = w % 3 + 1;
-                let mut done = 0;
-                loop {
-                    r.get_many(k);
-                    r.put_many(k);
-                    done += 2;
-                    k = k % 3 + 1;
-                    if done % 65_536 == 0 {
-                        progress.fetch_add(65_536, SeqCst);
-                        cpus_seen.fetch_or(1 << (current_cpu() % 64), SeqCst);
-                        if done >= ops && killed.load(SeqCst) {
-                            break;
+                let work = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                    let mut k = w % 3 + 1;
+                    let mut done = 0u64;
+                    loop {
+                        r.get_many(k);
+                        r.put_many(k);
+                        done += 2;
+                        k = k % 3 + 1;
+                        if done.is_multiple_of(65_536) {
+                            progress.fetch_add(65_536, SeqCst);
+                            cpus_seen.fetch_or(1 << (current_cpu() % 64), SeqCst);
+                            let stop =
+                                killed.load(SeqCst) || worker_panic.lock().unwrap().is_some();
+                            if done >= ops && stop {
+                                break;
+                            }
                         }
                     }
+                }));
+                if let Err(e) = work {
+                    let msg = e
+                        .downcast_ref::<String>()
+                        .cloned()
+                        .or_else(|| e.downcast_ref::<&str>().map(|s| (*s).to_string()))
+                        .unwrap_or_default();
+                    worker_panic.lock().unwrap().get_or_insert(msg);
+                    return; // the main thread fails the test
                 }
+                looped.fetch_add(1, SeqCst);
                 loops_done.wait();
                 may_finish.wait();
                 finished.fetch_add(1, SeqCst);
@@ -253,16 +273,28 @@ fn stress() -> Report {
     // (in debug builds the section is a small part of each operation, so
     // that can take longer than half the work).
     let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    let fail_on_worker_panic = || {
+        if let Some(msg) = worker_panic.lock().unwrap().as_ref() {
+            panic!("a worker panicked: {msg}");
+        }
+    };
     while progress.load(SeqCst) < total / 2
         || (expected_backend() == Backend::Rseq
             && rseq_aborts() == aborts_before
             && std::time::Instant::now() < deadline)
     {
+        fail_on_worker_panic();
         std::thread::sleep(Duration::from_millis(1));
     }
     r.kill().unwrap();
     killed.store(true, SeqCst);
     assert!(!r.is_percpu() && r.is_dying());
+    // The workers end their loops once killed; one that panicked never
+    // reaches the barrier.
+    while looped.load(SeqCst) < WORKERS {
+        fail_on_worker_panic();
+        std::thread::sleep(Duration::from_millis(1));
+    }
     loops_done.wait();
     stop_helpers.store(true, SeqCst);
     let flips = flipper.join().unwrap();
