@@ -32,7 +32,7 @@
 
 use crate::grace;
 use crate::percpu::{arena_child_after_fork, arena_parent_after_fork, arena_prepare_fork};
-use std::sync::atomic::{AtomicBool, Ordering};
+use crate::sync::unmodeled::{AtomicBool, Ordering};
 
 /// Whether `pthread_atfork` accepted the handlers (at load time).
 static REGISTERED: AtomicBool = AtomicBool::new(false);

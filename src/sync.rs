@@ -4,6 +4,15 @@
 //! here (the tokio `sync` pattern), so that under `--cfg loom` the model
 //! checker sees every shared-memory access the protocol makes. Nothing
 //! outside this module names `std::sync::atomic` or `loom` directly.
+//!
+//! State that loom must *not* model is imported from [`unmodeled`]
+//! instead, which is always std's: diagnostics that are not part of the
+//! protocol (who holds a switch lock, to turn re-entry into a panic),
+//! process-wide choices made once (the backend, the rseq registration),
+//! the per-CPU arena and thread ids (not built under loom: the models
+//! count on a boxed slice), the fork handlers' flags, and test counters.
+//! The import names the choice, so a reader (and a reviewer of a new
+//! atomic) sees at the `use` line whether loom checks it.
 
 /// Only under loom: a cell whose accesses loom tracks, so that memory that a
 /// thread frees can be made visible to the checker as a write (the owned
@@ -32,6 +41,17 @@ pub(crate) use std::sync::atomic::AtomicPtr;
 pub(crate) use std::sync::{Condvar, Mutex, MutexGuard};
 #[cfg(not(percpu_ref_loom))]
 pub(crate) use std::thread_local;
+
+/// std's atomics, for state loom must not model (see the module docs).
+pub(crate) mod unmodeled {
+    #[allow(
+        unused_imports,
+        reason = "which of them a build uses depends on its target and cfgs"
+    )]
+    pub(crate) use std::sync::atomic::{
+        AtomicBool, AtomicIsize, AtomicPtr, AtomicU64, AtomicU8, AtomicUsize, Ordering,
+    };
+}
 
 /// Locks `m`, ignoring poisoning.
 ///

@@ -344,7 +344,7 @@ pub(super) unsafe fn drop_unit<T>(ptr: *const ()) {
         // `T` is gone (invariant 4), which `ManuallyDrop` leaves alone.
         drop(unsafe { Box::from_raw(p) });
         #[cfg(all(test, not(percpu_ref_loom)))]
-        super::tests::LIVE_BLOCKS.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+        super::tests::LIVE_BLOCKS.fetch_sub(1, crate::sync::unmodeled::Ordering::SeqCst);
         // ordering-audit: Relaxed: a count that models read after joining
         // every thread.
         #[cfg(percpu_ref_loom)]
@@ -450,7 +450,7 @@ pub(super) fn alloc<T>(value: T, backend: Backend) -> Result<NonNull<Inner<T>>, 
         });
     }
     #[cfg(all(test, not(percpu_ref_loom)))]
-    super::tests::LIVE_BLOCKS.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    super::tests::LIVE_BLOCKS.fetch_add(1, crate::sync::unmodeled::Ordering::SeqCst);
     // ordering-audit: Relaxed: a count that models read after joining every
     // thread.
     #[cfg(percpu_ref_loom)]

@@ -1,9 +1,9 @@
 use super::block::*;
 use super::*;
+use crate::sync::unmodeled::AtomicUsize as StdAtomicUsize;
 use std::cell::Cell;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::AtomicUsize as StdAtomicUsize;
 use std::sync::Arc;
 use std::task::{Context, Poll, Waker};
 use std::time::Duration;
@@ -31,7 +31,8 @@ struct Tracked {
 
 impl Drop for Tracked {
     fn drop(&mut self) {
-        self.drops.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        self.drops
+            .fetch_add(1, crate::sync::unmodeled::Ordering::SeqCst);
     }
 }
 
@@ -47,11 +48,11 @@ fn tracked(payload: u64) -> (Tracked, Arc<StdAtomicUsize>) {
 }
 
 fn drops(d: &StdAtomicUsize) -> usize {
-    d.load(std::sync::atomic::Ordering::SeqCst)
+    d.load(crate::sync::unmodeled::Ordering::SeqCst)
 }
 
 fn live_blocks() -> usize {
-    LIVE_BLOCKS.load(std::sync::atomic::Ordering::SeqCst)
+    LIVE_BLOCKS.load(crate::sync::unmodeled::Ordering::SeqCst)
 }
 
 #[test]
@@ -318,7 +319,8 @@ struct PanicsOnDrop(Arc<StdAtomicUsize>);
 
 impl Drop for PanicsOnDrop {
     fn drop(&mut self) {
-        self.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        self.0
+            .fetch_add(1, crate::sync::unmodeled::Ordering::SeqCst);
         panic!("T::drop failed on purpose");
     }
 }
@@ -405,7 +407,8 @@ struct CountWakes(StdAtomicUsize);
 
 impl std::task::Wake for CountWakes {
     fn wake(self: Arc<Self>) {
-        self.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        self.0
+            .fetch_add(1, crate::sync::unmodeled::Ordering::SeqCst);
     }
 }
 
@@ -422,9 +425,9 @@ fn killed_future_takes_the_value_and_gives_up_the_unit() {
     let waker = Waker::from(wakes.clone());
     let mut cx = Context::from_waker(&waker);
     assert!(Pin::new(&mut k).poll(&mut cx).is_pending());
-    assert_eq!(wakes.0.load(std::sync::atomic::Ordering::SeqCst), 0);
+    assert_eq!(wakes.0.load(crate::sync::unmodeled::Ordering::SeqCst), 0);
     drop(r);
-    assert_eq!(wakes.0.load(std::sync::atomic::Ordering::SeqCst), 1);
+    assert_eq!(wakes.0.load(crate::sync::unmodeled::Ordering::SeqCst), 1);
     match Pin::new(&mut k).poll(&mut cx) {
         Poll::Ready(v) => assert_eq!(v.payload, 60),
         Poll::Pending => panic!("released but pending"),
@@ -465,7 +468,7 @@ fn killed_dropped_while_pending_drops_its_waker_and_leaves_value_to_last_ref() {
         "the waker went with the Killed"
     );
     drop(r);
-    assert_eq!(wakes.0.load(std::sync::atomic::Ordering::SeqCst), 0);
+    assert_eq!(wakes.0.load(crate::sync::unmodeled::Ordering::SeqCst), 0);
     assert_eq!(drops(&d), 1);
     // A release run by the engine frees the block once the engine is
     // done with it, maybe just after the waiter woke.

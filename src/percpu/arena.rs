@@ -93,11 +93,11 @@ use super::cpus::possible_cpus;
 use super::ArenaStats;
 mod cache;
 
+use crate::sync::unmodeled::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::alloc::{self, Layout};
 use std::cell::UnsafeCell;
 use std::ops::{Deref, DerefMut};
 use std::ptr::NonNull;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 
 /// log2 of [`REGION`].
 pub(crate) const REGION_SHIFT: u32 = 16;

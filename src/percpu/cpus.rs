@@ -46,7 +46,7 @@ pub fn possible_cpus() -> usize {
     }
     #[cfg(not(percpu_ref_loom))]
     {
-        use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
+        use crate::sync::unmodeled::{AtomicUsize, Ordering::Relaxed};
         // 0 until detected. Not a `OnceLock`: a fork while another thread
         // runs its initialiser would leave the child waiting for it forever.
         // Racing threads each detect (the same number); the first stored

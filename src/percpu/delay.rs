@@ -11,7 +11,7 @@
 //! The spin count is read once from `PERCPU_REF_DELAY_LOOPS` (default
 //! [`DEFAULT_LOOPS`]). Never built by default: it lengthens the fast path.
 
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use crate::sync::unmodeled::{AtomicU64, Ordering::Relaxed};
 
 /// Spins per delay point when `PERCPU_REF_DELAY_LOOPS` is not set.
 pub(crate) const DEFAULT_LOOPS: u64 = 100;

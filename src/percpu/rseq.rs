@@ -38,7 +38,7 @@
 //! # Which id
 //!
 //! `mm_cid` where the kernel writes it (Linux 6.3+), else `cpu_id`; decided
-//! once per process before any ref exists (`rseq_abi`, "The index"). Both
+//! once per process before any ref exists (`rseq/abi.rs`, "The index"). Both
 //! are exact for the same reason: one running thread holds an id at a
 //! time, and the kernel changes a thread's id only when it schedules it,
 //! which aborts a section in flight. `mm_cid` is below the number of the
@@ -79,7 +79,7 @@
 //! offset is then glibc's unregistered area, which glibc reserves in every
 //! thread whatever the registration did, or, where the C library has none
 //! (glibc before 2.35, musl), a stand-in area in this crate's own
-//! thread-local storage (`rseq_abi::rseq_offset`). No kernel reads either,
+//! thread-local storage (`abi::rseq_offset`). No kernel reads either,
 //! and every bound is 0 there, so the section only ever finds "not
 //! counted".
 //!
@@ -98,7 +98,7 @@
 //! # Why a switch is exact
 //!
 //! The switcher stores `MODE_ATOMIC` (and a bound of 0), then waits out
-//! [`grace_period`](super::rseq_abi::grace_period) (`membarrier` with the
+//! [`grace_period`](super::abi::grace_period) (`membarrier` with the
 //! RSEQ flag). A section that loaded the old bound is then either
 //! committed, and its add visible to the switcher's sum, or aborted and
 //! retried, in which case it loads the new one and is not counted. After
@@ -113,11 +113,11 @@
 use super::arena;
 #[cfg(test)]
 use super::arena::Slot;
-use super::rseq_abi;
 use crate::sync::AtomicUsize;
 
 #[cfg(target_arch = "aarch64")]
 mod aarch64;
+pub(super) mod abi;
 #[cfg(target_arch = "aarch64")]
 use aarch64::section;
 #[cfg(target_arch = "x86_64")]
@@ -130,7 +130,7 @@ use x86_64::section;
 /// (the grace-period engine).
 #[cfg(test)]
 fn seal_and_sum(slot: &Slot) -> std::io::Result<u64> {
-    rseq_abi::grace_period()?;
+    abi::grace_period()?;
     Ok(slot.sum())
 }
 
@@ -179,7 +179,7 @@ pub(crate) unsafe fn try_add_at(mode: *const AtomicUsize, delta: u64) -> bool {
 #[inline(never)]
 unsafe fn retry_after_abort(mode: *const AtomicUsize, delta: u64) -> bool {
     loop {
-        rseq_abi::record_abort();
+        abi::record_abort();
         // SAFETY: the caller's contract.
         match unsafe { section(mode, delta) } {
             Section::Counted => return true,
@@ -270,7 +270,7 @@ mod tests {
     /// past the chunk), nor for a bound of 0 or a flag above the bound.
     #[test]
     fn id_at_or_above_the_bound_is_not_counted_and_writes_nothing() {
-        if !rseq_abi::available() {
+        if !abi::available() {
             eprintln!("skipped: rseq not available");
             return;
         }
@@ -286,10 +286,10 @@ mod tests {
             let mut expected = vec![0u64; arena::arena_cpus()];
             let mut checked = 0;
             for _ in 0..10_000 {
-                let id = rseq_abi::current_index().unwrap() as usize;
+                let id = abi::current_index().unwrap() as usize;
                 let at_result = Words::new(id, &c).section_once(1);
                 let above_result = Words::new(id + 1, &c).section_once(5);
-                if rseq_abi::current_index() != Some(id as u32) {
+                if abi::current_index() != Some(id as u32) {
                     // The id changed in between: the results say nothing.
                     expected = (0..arena::arena_cpus()).map(|i| c.load(i)).collect();
                     continue;
@@ -319,23 +319,29 @@ mod tests {
                 checked > 5_000,
                 "the id kept changing: {checked} of 10,000 checked"
             );
-            let before = c.sum();
-            // Bound 0 (atomic mode, or another backend): nothing counts.
-            let bound_0 = Words::new(0, &c);
-            assert_eq!(bound_0.section_once(1), Section::NotCounted);
-            // Atomic mode: the flag sits above the bound, which is 0.
-            let atomic = Words::new(super::super::MODE_ATOMIC | super::super::MODE_DEAD, &c);
-            assert_eq!(atomic.section_once(1), Section::NotCounted);
-            // Only the low half is the bound: a flag above it is not one.
-            let flags_only = Words::new(super::super::MODE_ATOMIC | 1, &c);
-            if rseq_abi::current_index() != Some(0) {
-                assert_eq!(flags_only.section_once(1), Section::NotCounted);
-            }
-            assert!(!bound_0.try_add(1));
-            assert_eq!(seal_and_sum(&c).unwrap(), before);
+            assert_flags_count_nothing(&c);
         })
         .join()
         .unwrap();
+    }
+
+    /// A bound of 0 (atomic mode, or another backend) or flags above the
+    /// bound: the section counts nothing, anywhere.
+    fn assert_flags_count_nothing(c: &Slot) {
+        let before = c.sum();
+        // Bound 0 (atomic mode, or another backend): nothing counts.
+        let bound_0 = Words::new(0, c);
+        assert_eq!(bound_0.section_once(1), Section::NotCounted);
+        // Atomic mode: the flag sits above the bound, which is 0.
+        let atomic = Words::new(super::super::MODE_ATOMIC | super::super::MODE_DEAD, c);
+        assert_eq!(atomic.section_once(1), Section::NotCounted);
+        // Only the low half is the bound: a flag above it is not one.
+        let flags_only = Words::new(super::super::MODE_ATOMIC | 1, c);
+        if abi::current_index() != Some(0) {
+            assert_eq!(flags_only.section_once(1), Section::NotCounted);
+        }
+        assert!(!bound_0.try_add(1));
+        assert_eq!(seal_and_sum(c).unwrap(), before);
     }
 
     /// The index in use is the kernel's `mm_cid` where the auxiliary
@@ -344,21 +350,21 @@ mod tests {
     /// CPU the thread runs on (`cpu_id`).
     #[test]
     fn the_index_is_the_one_detected() {
-        if !rseq_abi::available() {
+        if !abi::available() {
             eprintln!("skipped: rseq not available");
             return;
         }
         // SAFETY: getauxval has no preconditions.
         let feature_size = unsafe { libc::getauxval(27) };
         let forced_cpu_id = std::env::var("PERCPU_REF_INDEX").as_deref() == Ok("cpu_id");
-        assert_eq!(rseq_abi::by_mm_cid(), feature_size >= 28 && !forced_cpu_id);
+        assert_eq!(abi::by_mm_cid(), feature_size >= 28 && !forced_cpu_id);
         let cpus = allowed_cpus();
         std::thread::spawn(move || {
             pin_to(*cpus.last().unwrap());
-            let id = rseq_abi::current_index().unwrap() as usize;
+            let id = abi::current_index().unwrap() as usize;
             // SAFETY: sched_getcpu has no preconditions.
             let cpu = unsafe { libc::sched_getcpu() } as usize;
-            if rseq_abi::by_mm_cid() {
+            if abi::by_mm_cid() {
                 assert!(
                     id < cpus.len(),
                     "mm_cid {id} not below the {} CPUs allowed",
@@ -376,7 +382,7 @@ mod tests {
     /// just fall back to the (correct but slow) atomic path somewhere.
     #[test]
     fn counts_per_cpu_on_every_allowed_cpu() {
-        if !rseq_abi::available() {
+        if !abi::available() {
             eprintln!("skipped: rseq not available");
             return;
         }

@@ -24,8 +24,8 @@
 //!   runs after its guard's may share it with a thread that claimed it
 //!   since, with the same consequence.
 
+use crate::sync::unmodeled::{AtomicPtr, AtomicU64, AtomicUsize, Ordering::Relaxed};
 use std::cell::Cell;
-use std::sync::atomic::{AtomicPtr, AtomicU64, AtomicUsize, Ordering::Relaxed};
 
 /// The bitmap of held ids: `words` atomic words, bit `i % 64` of word
 /// `i / 64` for id `i`; made on first use and never freed.
@@ -75,7 +75,7 @@ fn bitmap() -> &'static Bitmap {
     // before the pointer was published. Not built under loom (the loom
     // build indexes shards by loom's thread ids); the churn and thread-id
     // tests run it, on x86, where no order is weaker.
-    let p = BITMAP.load(std::sync::atomic::Ordering::Acquire);
+    let p = BITMAP.load(crate::sync::unmodeled::Ordering::Acquire);
     if !p.is_null() {
         // SAFETY: a published bitmap is never freed, and was initialised
         // before its pointer was published (Release below).
@@ -92,8 +92,8 @@ fn bitmap() -> &'static Bitmap {
     match BITMAP.compare_exchange(
         std::ptr::null_mut(),
         mine,
-        std::sync::atomic::Ordering::Release,
-        std::sync::atomic::Ordering::Acquire,
+        crate::sync::unmodeled::Ordering::Release,
+        crate::sync::unmodeled::Ordering::Acquire,
     ) {
         // SAFETY: just published; never freed.
         Ok(_) => unsafe { &*mine },

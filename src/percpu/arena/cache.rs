@@ -40,9 +40,9 @@
 //!   async-signal-safe (neither is `Box::new`).
 
 use super::{arena, Arena, FreeSlot, BATCH, CACHE_MAX};
+use crate::sync::unmodeled::{AtomicUsize, Ordering::Relaxed};
 use std::cell::UnsafeCell;
 use std::mem::MaybeUninit;
-use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 
 /// `len` of a cache whose guard has run: nothing is kept any more.
 const CLOSED: usize = usize::MAX;
@@ -220,7 +220,7 @@ impl Drop for Guard {
 mod tests {
     use super::super::{arena, Slot};
     use super::*;
-    use std::sync::atomic::AtomicBool;
+    use crate::sync::unmodeled::AtomicBool;
 
     /// Whether this thread's cache was closed when a thread-local
     /// destructor that runs after the guard's looked.

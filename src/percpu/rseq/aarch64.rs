@@ -6,7 +6,7 @@
 //!
 //! Eleven instructions per operation in a loop of gets and puts, as on
 //! `x86_64` (`scripts/aarch64-pair` prints them): two `ldp`s load the two
-//! offsets (adjacent in `rseq_abi`'s `Offsets`) and the mode word with the
+//! offsets (adjacent in `abi`'s `Offsets`) and the mode word with the
 //! slot's base after it (adjacent in `PercpuRef`), where three or four
 //! loads would be needed otherwise; the descriptor's address takes
 //! `adrp` + `add`, as it must live in a writable section (it holds
@@ -33,7 +33,7 @@
 //! preemption is the alternative to measure.
 //!
 //! A CPU without LSE (ARMv8.0: Cortex-A53/A57/A72, Graviton 1) gets the
-//! sharded backend instead ([`rseq_abi`](super::super::rseq_abi) checks
+//! sharded backend instead ([`abi`](super::abi) checks
 //! `HWCAP_ATOMICS` before it says the backend is available): every
 //! process there arms sections (the sharded refs' bound of 0), but none
 //! reaches the `stadd`.
@@ -53,7 +53,7 @@
 //! `membarrier` grace period, not by any order of the section's loads.
 
 use super::super::arena::REGION_SHIFT;
-use super::super::rseq_abi;
+use super::abi;
 use super::Section;
 use crate::sync::AtomicUsize;
 use std::arch::asm;
@@ -95,7 +95,7 @@ macro_rules! section_asm {
             "b {aborted}",
             ".popsection",
             tp = in(reg) $tp,
-            offsets = in(reg) rseq_abi::offsets(),
+            offsets = in(reg) abi::offsets(),
             index = out(reg) _,
             cs = out(reg) _,
             mode = in(reg) $mode,
@@ -146,7 +146,7 @@ macro_rules! run_section {
 }
 
 /// Runs the critical section once: adds `delta` to the counter of this
-/// thread's id (its `mm_cid` or `cpu_id`: [`rseq_abi::index_offset`]) at
+/// thread's id (its `mm_cid` or `cpu_id`: [`abi::index_offset`]) at
 /// `base + (id << REGION_SHIFT)` if the id is below the bound in the low
 /// 32 bits of `*mode`, where `base` is the word after `*mode`: one `ldp`
 /// loads both.
@@ -160,10 +160,10 @@ macro_rules! run_section {
 /// As [`try_add_at`](super::try_add_at).
 #[inline(always)]
 pub(super) unsafe fn section(mode: *const AtomicUsize, delta: u64) -> Section {
-    let tp = rseq_abi::thread_pointer();
+    let tp = abi::thread_pointer();
     // SAFETY: `tp + rseq_cs_offset()` is this thread's `rseq_cs` in its
     // rseq area: glibc's, registered or not, or the stand-in in static TLS
-    // (`rseq_abi`), set before any ref existed; the section writes only
+    // (`abi`), set before any ref existed; the section writes only
     // `rseq_cs` there, as the ABI intends. `tp + index_offset()` is that
     // area's `mm_cid` or `cpu_id`, an aligned u32, read only. The
     // descriptor lives in the `__rseq_cs` section, 32-byte aligned, with
@@ -174,7 +174,7 @@ pub(super) unsafe fn section(mode: *const AtomicUsize, delta: u64) -> Section {
     // as unsigned 32-bit numbers (every negative id is above any bound <=
     // i32::MAX), and a non-zero bound is at most the number of regions of
     // the slot's chunk, so the write is inside the chunk whatever the
-    // kernel reports. A non-zero bound exists only where `rseq_abi`
+    // kernel reports. A non-zero bound exists only where `abi`
     // found LSE (`HWCAP_ATOMICS`), so `stadd` is only ever executed on a
     // CPU that has it. Only one running thread holds an id at a time, the
     // kernel aborts any section interrupted before the commit, and the
@@ -203,7 +203,7 @@ pub(super) unsafe fn section(mode: *const AtomicUsize, delta: u64) -> Section {
             "cmp {tmp:w}, {bound:w}",
             "b.hs {not_counted}",
             "ldr {tmp:w}, [{tp}, {index}]",
-        ]; cpu_id = in(reg) rseq_abi::cpu_id_offset(),);
+        ]; cpu_id = in(reg) abi::cpu_id_offset(),);
         // mutant rseq_add_by_cpu_id: the bound is checked on the process's
         // index (`mm_cid`), the add indexed by `cpu_id`.
         #[cfg(percpu_ref_mutant = "rseq_add_by_cpu_id")]
@@ -213,7 +213,7 @@ pub(super) unsafe fn section(mode: *const AtomicUsize, delta: u64) -> Section {
             "cmp {tmp:w}, {bound:w}",
             "b.hs {not_counted}",
             "ldr {tmp:w}, [{tp}, {cpu_id}]",
-        ]; cpu_id = in(reg) rseq_abi::cpu_id_offset(),);
+        ]; cpu_id = in(reg) abi::cpu_id_offset(),);
     }
     Section::Counted
 }

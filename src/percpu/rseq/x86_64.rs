@@ -9,8 +9,8 @@ use super::super::arena::REGION_SHIFT;
     percpu_ref_mutant = "rseq_bound_by_cpu_id",
     percpu_ref_mutant = "rseq_add_by_cpu_id"
 ))]
-use super::super::rseq_abi::CPU_ID_OFFSET;
-use super::super::rseq_abi::{self, RSEQ_CS_OFFSET};
+use super::abi::CPU_ID_OFFSET;
+use super::abi::{self, RSEQ_CS_OFFSET};
 use super::Section;
 use crate::sync::AtomicUsize;
 use std::arch::asm;
@@ -44,7 +44,7 @@ macro_rules! section_asm {
             "6:",
             "jmp {aborted}",
             ".popsection",
-            off = in(reg) rseq_abi::rseq_offset(),
+            off = in(reg) abi::rseq_offset(),
             mode = in(reg) $mode,
             base = in(reg) $base,
             delta = in(reg) $delta,
@@ -92,7 +92,7 @@ macro_rules! run_section {
 }
 
 /// Runs the critical section once: adds `delta` to the counter of this
-/// thread's id (its `mm_cid` or `cpu_id`: [`rseq_abi::index_offset`]) at
+/// thread's id (its `mm_cid` or `cpu_id`: [`abi::index_offset`]) at
 /// `base + (id << REGION_SHIFT)` if the id is below the bound in the low
 /// 32 bits of `*mode`, where `base` is the word after `*mode`.
 ///
@@ -109,7 +109,7 @@ pub(super) unsafe fn section(mode: *const AtomicUsize, delta: u64) -> Section {
     // contract), never written while the ref lives.
     let base = unsafe { mode.add(1).cast::<*mut u8>().read() };
     // SAFETY: `rseq_offset` locates this thread's rseq area: glibc's,
-    // registered or not, or the stand-in in static TLS (`rseq_abi`), set
+    // registered or not, or the stand-in in static TLS (`abi`), set
     // before any ref existed; the section writes only `rseq_cs` there, as
     // the ABI intends. `index_offset` is that area's `mm_cid` or `cpu_id`,
     // an aligned u32, read only. The descriptor lives in the `__rseq_cs`
@@ -145,7 +145,7 @@ pub(super) unsafe fn section(mode: *const AtomicUsize, delta: u64) -> Section {
             "mov {tmp:e}, dword ptr fs:[{index}]",
             "cmp {tmp:e}, dword ptr [{mode}]",
             "jae {not_counted}",
-        ]; index = in(reg) rseq_abi::index_offset(),);
+        ]; index = in(reg) abi::index_offset(),);
         // mutant rseq_bound_by_cpu_id: the bound is checked on `cpu_id`,
         // the add indexed by the process's index (`mm_cid`): a thread whose
         // `mm_cid` is at or above the bound (more threads running than the
@@ -156,7 +156,7 @@ pub(super) unsafe fn section(mode: *const AtomicUsize, delta: u64) -> Section {
             "cmp {tmp:e}, dword ptr [{mode}]",
             "jae {not_counted}",
             "mov {tmp:e}, dword ptr fs:[{index}]",
-        ]; index = in(reg) rseq_abi::index_offset(), cpu_id = const CPU_ID_OFFSET,);
+        ]; index = in(reg) abi::index_offset(), cpu_id = const CPU_ID_OFFSET,);
         // mutant rseq_add_by_cpu_id: the bound is checked on the process's
         // index (`mm_cid`), the add indexed by `cpu_id`: a thread on a CPU
         // at or above the bound (an arena capped below the CPU's id, where
@@ -167,7 +167,7 @@ pub(super) unsafe fn section(mode: *const AtomicUsize, delta: u64) -> Section {
             "cmp {tmp:e}, dword ptr [{mode}]",
             "jae {not_counted}",
             "mov {tmp:e}, dword ptr fs:[{off} + {cpu_id}]",
-        ]; index = in(reg) rseq_abi::index_offset(), cpu_id = const CPU_ID_OFFSET,);
+        ]; index = in(reg) abi::index_offset(), cpu_id = const CPU_ID_OFFSET,);
     }
     Section::Counted
 }

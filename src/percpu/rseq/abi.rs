@@ -71,7 +71,7 @@
 //! accepts the membarrier registration. Otherwise the whole process uses
 //! the sharded backend.
 
-use std::sync::atomic::{AtomicBool, AtomicIsize, AtomicU64, AtomicU8, Ordering};
+use crate::sync::unmodeled::{AtomicBool, AtomicIsize, AtomicU64, AtomicU8, Ordering};
 
 /// Offset of `cpu_id` in `struct rseq`.
 pub(crate) const CPU_ID_OFFSET: usize = 4;
