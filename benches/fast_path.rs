@@ -11,7 +11,7 @@
 //! One criterion iteration is one pair *per thread*, so with perfect scaling
 //! the time per iteration stays flat from 1 to 2 threads.
 //!
-//! `kill_latency`: `kill()` until the switch to atomic mode is complete
+//! `kill_latency`: `kill_sync()` until the switch to atomic mode is complete
 //! (grace period, fold, confirm), while another thread on the other CPU
 //! does get/put on the same ref; the ref is resurrected between samples.
 //!
@@ -136,7 +136,7 @@ fn kill_loop(backend: Backend, iters: u64) -> Duration {
             let mut total = Duration::ZERO;
             for _ in 0..iters {
                 let t0 = Instant::now();
-                r.kill().unwrap();
+                r.kill_sync().unwrap();
                 total += t0.elapsed();
                 r.resurrect().unwrap();
             }

@@ -198,7 +198,7 @@ fn lifecycle_ops(c: &mut Criterion) {
             bn.iter_batched(
                 || new_ref(b, f),
                 |r| {
-                    r.kill().expect("fresh ref is alive");
+                    r.kill_sync().expect("fresh ref is alive");
                     r
                 },
                 BatchSize::SmallInput,
@@ -207,9 +207,9 @@ fn lifecycle_ops(c: &mut Criterion) {
     }
     g.finish();
 
-    // switch_to_atomic: a real switch (from percpu, switched back untimed)
+    // switch_to_atomic_sync: a real switch (from percpu, switched back untimed)
     // and a redundant one (already atomic).
-    let mut g = c.benchmark_group("switch_to_atomic");
+    let mut g = c.benchmark_group("switch_to_atomic_sync");
     for b in backends() {
         g.bench_function(
             BenchmarkId::from_parameter(format!("from-percpu/{b}")),
@@ -219,7 +219,7 @@ fn lifecycle_ops(c: &mut Criterion) {
                     let mut d = Duration::ZERO;
                     for _ in 0..it {
                         let t = Instant::now();
-                        black_box(&r).switch_to_atomic();
+                        black_box(&r).switch_to_atomic_sync();
                         d += t.elapsed();
                         r.switch_to_percpu().expect("ALLOW_REINIT");
                     }
@@ -231,7 +231,7 @@ fn lifecycle_ops(c: &mut Criterion) {
             BenchmarkId::from_parameter(format!("already-atomic/{b}")),
             |bn| {
                 let r = new_ref(b, InitFlags::INIT_ATOMIC);
-                bn.iter(|| black_box(&r).switch_to_atomic())
+                bn.iter(|| black_box(&r).switch_to_atomic_sync())
             },
         );
     }
@@ -250,7 +250,7 @@ fn lifecycle_ops(c: &mut Criterion) {
                         let t = Instant::now();
                         black_box(&r).switch_to_percpu().expect("ALLOW_REINIT");
                         d += t.elapsed();
-                        r.switch_to_atomic();
+                        r.switch_to_atomic_sync();
                     }
                     d
                 })

@@ -783,7 +783,7 @@ impl AtomicRows {
         // Killed while a reference is held: atomic and dying, count 1.
         let killed = PercpuRef::new(|_| {});
         killed.get();
-        killed.kill().expect("a new ref is alive");
+        killed.kill_sync().expect("a new ref is alive");
         AtomicRows {
             bare: Line(AtomicBare(AtomicU64::new(1))),
             #[cfg(all(target_os = "linux", target_arch = "x86_64"))]

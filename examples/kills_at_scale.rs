@@ -8,9 +8,9 @@
 //! the whole time. Each row is measured `--reps` times, rows interleaved,
 //! and the median is shown:
 //!
-//! - **synchronous kill**: `PercpuRef::kill` on each ref; each returns once
+//! - **synchronous kill**: `PercpuRef::kill_sync` on each ref; each returns once
 //!   its switch is complete (one grace period each, unless it shares one).
-//! - **deferred kill**: `kill_deferred` on each ref, then
+//! - **deferred kill**: `PercpuRef::kill` on each ref, then
 //!   `percpu_ref::flush()`. The rate is the killer's loop alone; the busy
 //!   thread's share covers the whole window until `flush` returned, so it
 //!   includes the engine's grace periods and completions.
@@ -26,8 +26,8 @@
 //!
 //! A second table gives the latency of one kill until its release, the
 //! killer doing `--latency-kills` of them one at a time (the busy thread
-//! still running; the median per kill is shown): a synchronous `kill`; a
-//! `kill_deferred` then `flush`; `Owner::kill().wait()`, which hurries the
+//! still running; the median per kill is shown): a `kill_sync`; a
+//! `kill` then `flush`; `Owner::kill().wait()`, which hurries the
 //! engine; and, as the baseline (what the engine's batching costs a lone
 //! kill that nothing hurries), `Owner::kill()` then `try_take` until it
 //! succeeds.
@@ -227,7 +227,7 @@ fn two_killers(cpus: &[usize], n: usize) -> Sample {
                 let _ = affinity::pin_to(cpu);
                 start.wait();
                 for r in half {
-                    r.kill().unwrap();
+                    r.kill_sync().unwrap();
                 }
             });
         }
@@ -258,8 +258,8 @@ fn latency_row(n: usize, kill_one: impl Fn()) -> f64 {
 
 /// The latency table's rows, in the order printed.
 const LATENCY_ROWS: [&str; 4] = [
-    "synchronous `kill` (the release runs inside it)",
-    "`kill_deferred`, then `flush`",
+    "`kill_sync` (the release runs inside it)",
+    "`kill`, then `flush`",
     "`Owner::kill().wait()`, no `Ref` left",
     "`Owner::kill()`, then `try_take` until it succeeds (the engine not hurried)",
 ];
@@ -268,12 +268,12 @@ const LATENCY_ROWS: [&str; 4] = [
 fn measure_latency(n: usize, samples: &mut [Vec<f64>]) {
     samples[0].push(latency_row(n, || {
         let r = PercpuRef::new(|_| {});
-        r.kill().unwrap();
+        r.kill_sync().unwrap();
         assert!(r.is_zero());
     }));
     samples[1].push(latency_row(n, || {
         let r = Box::pin(PercpuRef::new(|_| {}));
-        r.as_ref().kill_deferred().unwrap();
+        r.as_ref().kill().unwrap();
         flush();
         assert!(r.is_zero());
     }));
@@ -295,12 +295,12 @@ fn measure_latency(n: usize, samples: &mut [Vec<f64>]) {
 
 /// The rows, in the order printed.
 const ROWS: [&str; 6] = [
-    "synchronous `kill`",
-    "`kill_deferred`, then `flush`",
+    "`kill_sync`",
+    "`kill`, then `flush`",
     "drop `Owner<u64>`, then `flush`",
-    "before issue 12's `Owner` drop: sync `kill`, then free",
+    "before issue 12's `Owner` drop: `kill_sync`, then free",
     "drop `Arc<u64>`",
-    "two threads, synchronous `kill`, at once",
+    "two threads, `kill_sync`, at once",
 ];
 
 /// Every row's samples, and the CPUs the process was allowed (read before
@@ -321,8 +321,8 @@ fn measure(args: &Args) -> (Vec<Vec<Sample>>, Vec<Vec<f64>>, Vec<usize>) {
             s.spawn(|| busy.run(busy_cpu));
             let _ = affinity::pin_to(killer_cpu);
             std::thread::sleep(Duration::from_millis(20)); // the busy loop warms up
-            samples[0].push(kill_row(&busy, n, |r| r.kill().unwrap()));
-            samples[1].push(kill_row(&busy, n, |r| r.kill_deferred().unwrap()));
+            samples[0].push(kill_row(&busy, n, |r| r.kill_sync().unwrap()));
+            samples[1].push(kill_row(&busy, n, |r| r.kill().unwrap()));
             samples[2].push(drop_row(&busy, n, || Owner::new(0u64)));
             samples[3].push(drop_row(&busy, n, || {
                 let r = Box::pin(PercpuRef::new(|_| {}));
@@ -343,7 +343,7 @@ struct OldOwnerDrop(Pin<Box<PercpuRef>>);
 
 impl Drop for OldOwnerDrop {
     fn drop(&mut self) {
-        self.0.kill().unwrap();
+        self.0.kill_sync().unwrap();
     }
 }
 
@@ -452,12 +452,12 @@ fn counts(args: &Args) -> String {
     let released = Arc::new(AtomicUsize::new(0));
     let sync = {
         let v = refs(n, &released);
-        grace_periods_of(|| v.iter().for_each(|r| r.kill().unwrap()))
+        grace_periods_of(|| v.iter().for_each(|r| r.kill_sync().unwrap()))
     };
     let deferred = {
         let v = refs(n, &released);
         grace_periods_of(|| {
-            v.iter().for_each(|r| r.as_ref().kill_deferred().unwrap());
+            v.iter().for_each(|r| r.as_ref().kill().unwrap());
             flush();
         })
     };
@@ -475,8 +475,8 @@ fn counts(args: &Args) -> String {
         w,
         "kills_at_scale --counts-only: {n} kills per row, backend {}, {} CPUs allowed\n\n\
          | {n} kills | grace periods |\n|---|--:|\n\
-         | synchronous `kill` | {sync} |\n\
-         | `kill_deferred`, then `flush` | {deferred} |\n\
+         | `kill_sync` | {sync} |\n\
+         | `kill`, then `flush` | {deferred} |\n\
          | drop `Owner<u64>`, then `flush` | {owners} |\n\
          | two threads, {} sync kills each | {two} |\n\n\
          vm-counts: kills={n} sync_kill_gps={sync} deferred_kill_gps={deferred} \

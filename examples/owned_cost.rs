@@ -76,5 +76,5 @@ fn main() {
         );
     }
     drop(r);
-    raw.kill().unwrap();
+    raw.kill_sync().unwrap();
 }

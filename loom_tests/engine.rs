@@ -109,7 +109,7 @@ fn spawn_put(r: &PinnedRef, p: &Arc<Probe>) -> thread::JoinHandle<()> {
 
 // ----- the models ---------------------------------------------------------
 
-/// Two refs killed with `kill_and_confirm_deferred` are completed by one
+/// Two refs killed with `kill_and_confirm` are completed by one
 /// engine step (one batch, one grace period), while a thread puts a
 /// reference on each (a section in flight on the rseq model): both
 /// confirmed after the step, both released exactly once, after confirm and
@@ -125,8 +125,8 @@ fn two_refs_one_batch(backend: Backend) {
         qa.put(&ra);
         qb.put(&rb);
     });
-    a.as_ref().kill_and_confirm_deferred(pa.confirm()).unwrap();
-    b.as_ref().kill_and_confirm_deferred(pb.confirm()).unwrap();
+    a.as_ref().kill_and_confirm(pa.confirm()).unwrap();
+    b.as_ref().kill_and_confirm(pb.confirm()).unwrap();
     assert!(step(), "the step found nothing queued");
     assert!(
         pa.confirmed() && pb.confirmed(),
@@ -149,10 +149,10 @@ fn kill_queued_during_grace_period(backend: Backend) {
     let other = {
         let (a, pa) = (a.clone(), pa.clone());
         // A synchronous kill: runs a grace period on this thread.
-        thread::spawn(move || a.kill_and_confirm(pa.confirm()).unwrap())
+        thread::spawn(move || a.kill_and_confirm_sync(pa.confirm()).unwrap())
     };
     let putter = spawn_put(&b, &pb);
-    b.as_ref().kill_and_confirm_deferred(pb.confirm()).unwrap();
+    b.as_ref().kill_and_confirm(pb.confirm()).unwrap();
     step();
     other.join().unwrap();
     putter.join().unwrap();
@@ -168,8 +168,8 @@ fn confirm_before_release_in_a_batch(backend: Backend) {
     let (a, b) = (strict_ref(&pa, backend), strict_ref(&pb, backend));
     get_for(&a, &pa);
     get_for(&b, &pb);
-    a.as_ref().kill_and_confirm_deferred(pa.confirm()).unwrap();
-    b.as_ref().kill_and_confirm_deferred(pb.confirm()).unwrap();
+    a.as_ref().kill_and_confirm(pa.confirm()).unwrap();
+    b.as_ref().kill_and_confirm(pb.confirm()).unwrap();
     let (ta, tb) = (spawn_put(&a, &pa), spawn_put(&b, &pb));
     step();
     ta.join().unwrap();
@@ -177,7 +177,7 @@ fn confirm_before_release_in_a_batch(backend: Backend) {
     assert_eq!((pa.releases(), pb.releases()), (1, 1));
 }
 
-/// Once `kill_deferred` returned, no `tryget_live` that starts afterwards
+/// Once `kill` returned, no `tryget_live` that starts afterwards
 /// (on any thread) succeeds, whether or not the engine completed the kill.
 fn tryget_live_fails_after_kill_deferred(backend: Backend) {
     let p = Probe::new(0);
@@ -188,10 +188,7 @@ fn tryget_live_fails_after_kill_deferred(backend: Backend) {
         thread::spawn(move || {
             let after_kill = killed.load(SeqCst);
             if r.tryget_live() {
-                assert!(
-                    !after_kill,
-                    "tryget_live succeeded after kill_deferred returned"
-                );
+                assert!(!after_kill, "tryget_live succeeded after kill returned");
                 p.held.fetch_add(1, SeqCst);
                 p.put(&r);
             }
@@ -200,7 +197,7 @@ fn tryget_live_fails_after_kill_deferred(backend: Backend) {
     let engine = thread::spawn(|| {
         step();
     });
-    r.as_ref().kill_and_confirm_deferred(p.confirm()).unwrap();
+    r.as_ref().kill_and_confirm(p.confirm()).unwrap();
     killed.store(true, SeqCst);
     checker.join().unwrap();
     engine.join().unwrap();
@@ -219,9 +216,9 @@ fn flush_after_every_earlier_confirm(backend: Backend) {
     });
     let killer = {
         let (b, pb) = (b.clone(), pb.clone());
-        thread::spawn(move || b.as_ref().kill_and_confirm_deferred(pb.confirm()).unwrap())
+        thread::spawn(move || b.as_ref().kill_and_confirm(pb.confirm()).unwrap())
     };
-    a.as_ref().kill_and_confirm_deferred(pa.confirm()).unwrap();
+    a.as_ref().kill_and_confirm(pa.confirm()).unwrap();
     percpu_ref::flush();
     assert!(pa.confirmed(), "flush returned before an earlier confirm");
     assert_eq!(pa.releases(), 1, "flush returned before the release");
@@ -241,10 +238,10 @@ fn sync_waiter_after_its_grace_period(backend: Backend) {
     get_for(&b, &pb);
     let other = {
         let (a, pa) = (a.clone(), pa.clone());
-        thread::spawn(move || a.kill_and_confirm(pa.confirm()).unwrap())
+        thread::spawn(move || a.kill_and_confirm_sync(pa.confirm()).unwrap())
     };
     let putter = spawn_put(&b, &pb);
-    b.kill_and_confirm(pb.confirm()).unwrap();
+    b.kill_and_confirm_sync(pb.confirm()).unwrap();
     other.join().unwrap();
     putter.join().unwrap();
     assert_eq!((pa.releases(), pb.releases()), (1, 1));
@@ -258,7 +255,7 @@ fn drop_waits_for_the_engine(backend: Backend) {
     let engine = thread::spawn(|| {
         step();
     });
-    r.as_ref().kill_and_confirm_deferred(p.confirm()).unwrap();
+    r.as_ref().kill_and_confirm(p.confirm()).unwrap();
     drop(r);
     assert!(p.confirmed(), "the ref was dropped before its confirm ran");
     assert_eq!(p.releases(), 1);
@@ -276,14 +273,13 @@ fn deferred_switch_then_percpu(backend: Backend) {
     let engine = thread::spawn(|| {
         step();
     });
-    r.as_ref()
-        .switch_to_atomic_and_confirm_deferred(p.confirm());
+    r.as_ref().switch_to_atomic_and_confirm(p.confirm());
     r.switch_to_percpu().unwrap();
     assert!(p.confirmed(), "the switch back waited for the deferred one");
     assert!(r.is_percpu());
     r.put();
     engine.join().unwrap();
-    r.kill().unwrap();
+    r.kill_sync().unwrap();
     assert!(r.is_zero());
 }
 
@@ -299,9 +295,9 @@ fn two_sync_kills(backend: Backend) {
     let (a, b) = (strict_ref(&pa, backend), strict_ref(&pb, backend));
     let other = {
         let (a, pa) = (a.clone(), pa.clone());
-        thread::spawn(move || a.kill_and_confirm(pa.confirm()).unwrap())
+        thread::spawn(move || a.kill_and_confirm_sync(pa.confirm()).unwrap())
     };
-    b.kill_and_confirm(pb.confirm()).unwrap();
+    b.kill_and_confirm_sync(pb.confirm()).unwrap();
     other.join().unwrap();
     let n = percpu_ref::loom_support::grace_periods();
     assert!((1..=2).contains(&n), "{n} grace periods for two kills");

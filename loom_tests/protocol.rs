@@ -154,7 +154,7 @@ fn kill_vs_get_put(backend: Backend) {
         })
     };
     p.held.fetch_sub(1, SeqCst); // the base reference goes with the kill
-    r.kill_and_confirm(|_| p.confirm()).unwrap();
+    r.kill_and_confirm_sync(|_| p.confirm()).unwrap();
     w.join().unwrap();
     assert_eq!(p.releases(), 1, "release must run exactly once");
 }
@@ -171,7 +171,7 @@ fn switch_vs_final_put(backend: Backend) {
         let (r, p) = (r.clone(), p.clone());
         spawn(move || p.put(&r))
     };
-    r.switch_to_atomic_and_confirm(|_| p.confirm());
+    r.switch_to_atomic_and_confirm_sync(|_| p.confirm());
     w.join().unwrap();
     assert_eq!(p.releases(), 1, "release must run exactly once");
 }
@@ -186,12 +186,12 @@ fn kill_atomic_vs_put(backend: Backend) {
         let (r, p) = (r.clone(), p.clone());
         spawn(move || p.put(&r))
     };
-    r.kill_and_confirm(|_| p.confirm()).unwrap();
+    r.kill_and_confirm_sync(|_| p.confirm()).unwrap();
     w.join().unwrap();
     assert_eq!(p.releases(), 1, "release must run exactly once");
 }
 
-// ----- 2. tryget_live concurrent with kill_and_confirm ---------------------
+// ----- 2. tryget_live concurrent with kill_and_confirm_sync ---------------------
 
 /// Model 2: once confirm has run (seen through its flag), no tryget_live
 /// succeeds; one that succeeded holds a counted reference (release waits
@@ -200,7 +200,7 @@ fn tryget_live_vs_kill(backend: Backend) {
     let p = Probe::new(0);
     let r = strict_ref(&p, InitFlags::empty(), backend);
     let w = spawn_tryget_live_checker(&r, &p);
-    r.kill_and_confirm(|_| p.confirm()).unwrap();
+    r.kill_and_confirm_sync(|_| p.confirm()).unwrap();
     w.join().unwrap();
     assert_eq!(p.releases(), 1, "release must run exactly once");
 }
@@ -229,7 +229,7 @@ fn tryget_vs_final_put(backend: Backend) {
             }
         })
     };
-    r.kill_and_confirm(|_| p.confirm()).unwrap();
+    r.kill_and_confirm_sync(|_| p.confirm()).unwrap();
     holder.join().unwrap();
     tryer.join().unwrap();
     assert_eq!(p.releases(), 1, "release must run exactly once");
@@ -237,7 +237,7 @@ fn tryget_vs_final_put(backend: Backend) {
 
 // ----- 4. concurrent switches with get/put ---------------------------------
 
-/// Model 4: switch_to_atomic, switch_to_percpu and a get/put pair race
+/// Model 4: switch_to_atomic_sync, switch_to_percpu and a get/put pair race
 /// (ALLOW_REINIT). A switch waits for the one in progress (its confirm sees
 /// the ref atomic and folded), and the count stays exact: no per-CPU count
 /// is lost or counted twice.
@@ -256,7 +256,7 @@ fn switch_vs_switch_and_get_put(backend: Backend) {
             r.put();
         })
     };
-    r.switch_to_atomic_and_confirm(|r| {
+    r.switch_to_atomic_and_confirm_sync(|r| {
         assert!(!r.is_percpu(), "a switch ran during another's confirm");
         // base + the worker's reference + the temporary one (+ its get).
         let count = r.atomic_count();
@@ -264,10 +264,10 @@ fn switch_vs_switch_and_get_put(backend: Backend) {
     });
     to_percpu.join().unwrap();
     worker.join().unwrap();
-    r.switch_to_atomic();
+    r.switch_to_atomic_sync();
     assert_eq!(r.atomic_count(), Some(2), "base + the worker's reference");
     r.put();
-    r.kill().unwrap();
+    r.kill_sync().unwrap();
     assert_eq!(p.releases(), 1, "release must run exactly once");
 }
 
@@ -302,14 +302,15 @@ fn kill_resurrect_vs_trygets(backend: Backend) {
             }
         })
     };
-    r.kill_and_confirm(|_| phase.store(DEAD, SeqCst)).unwrap();
+    r.kill_and_confirm_sync(|_| phase.store(DEAD, SeqCst))
+        .unwrap();
     phase.store(REVIVING, SeqCst);
     r.resurrect().unwrap();
     r.put();
     tryer.join().unwrap();
     assert_eq!(p.releases(), 0, "released while a reference was held");
     assert!(r.is_percpu() && !r.is_dying());
-    r.kill().unwrap();
+    r.kill_sync().unwrap();
     assert_eq!(
         p.releases(),
         1,
@@ -331,7 +332,7 @@ fn kill_reinit_vs_tryget(backend: Backend) {
             }
         })
     };
-    r.kill().unwrap();
+    r.kill_sync().unwrap();
     let first = r.reinit();
     tryer.join().unwrap();
     assert_eq!(p.releases(), 1, "the kill or the tryget's put released");
@@ -342,7 +343,7 @@ fn kill_reinit_vs_tryget(backend: Backend) {
     }
     assert!(r.is_percpu() && r.tryget_live());
     r.put();
-    r.kill().unwrap();
+    r.kill_sync().unwrap();
     assert_eq!(p.releases(), 2, "the reinitialised ref releases once more");
 }
 
@@ -363,11 +364,11 @@ fn late_ops_vs_switch(backend: Backend) {
             r.put();
         })
     };
-    r.switch_to_atomic();
+    r.switch_to_atomic_sync();
     w.join().unwrap();
     assert_eq!(r.atomic_count(), Some(1), "only the base reference is left");
     assert_eq!(p.releases(), 0);
-    r.kill().unwrap();
+    r.kill_sync().unwrap();
     assert_eq!(p.releases(), 1, "release must run exactly once");
 }
 
@@ -389,7 +390,7 @@ fn no_false_underflow(backend: Backend) {
             p.put(&r);
         })
     };
-    r.switch_to_atomic();
+    r.switch_to_atomic_sync();
     w.join().unwrap();
     assert_eq!(p.releases(), 1, "release must run exactly once");
     assert!(r.is_zero());
@@ -407,7 +408,7 @@ fn percpu_switch_vs_tryget_live_on_dead(backend: Backend) {
     let p = Probe::new(1); // the holder's reference
     let r = strict_ref(&p, InitFlags::ALLOW_REINIT, backend);
     r.get(); // the holder's reference
-    r.kill_and_confirm(|_| p.confirm()).unwrap();
+    r.kill_and_confirm_sync(|_| p.confirm()).unwrap();
     let switcher = {
         let r = r.clone();
         spawn(move || r.switch_to_percpu().unwrap())
@@ -444,13 +445,13 @@ fn put_many_vs_kill(backend: Backend) {
             r.put_many(2);
         })
     };
-    r.kill_and_confirm(|_| p.confirm()).unwrap();
+    r.kill_and_confirm_sync(|_| p.confirm()).unwrap();
     w.join().unwrap();
     assert_eq!(p.releases(), 1, "release must run exactly once");
 }
 
 /// Model 8c, d: the kill of a ref that is already atomic (`INIT_ATOMIC`, or
-/// percpu made sticky-atomic by `switch_to_atomic`) races `tryget_live` on
+/// percpu made sticky-atomic by `switch_to_atomic_sync`) races `tryget_live` on
 /// another thread. The kill folds nothing, so `DEAD` is all that stops a
 /// `tryget_live` on the atomic path: once confirm has run (seen through its
 /// flag), none succeeds; one that succeeded holds a counted reference, and
@@ -464,11 +465,11 @@ fn tryget_live_vs_kill_already_atomic(backend: Backend, init_atomic: bool) {
     };
     let r = strict_ref(&p, flags, backend);
     if !init_atomic {
-        r.switch_to_atomic(); // sticky
+        r.switch_to_atomic_sync(); // sticky
     }
     r.get(); // keeps the count above zero after the kill
     let w = spawn_tryget_live_checker(&r, &p);
-    r.kill_and_confirm(|_| p.confirm()).unwrap();
+    r.kill_and_confirm_sync(|_| p.confirm()).unwrap();
     w.join().unwrap();
     assert!(!r.tryget_live(), "tryget_live succeeded after the kill");
     assert_eq!(p.releases(), 0, "released while a reference is held");
@@ -499,7 +500,7 @@ fn percpu_switch_vs_atomic_put_and_tryget(backend: Backend) {
     let r = counting_ref(&p, InitFlags::ALLOW_REINIT, backend);
     r.get(); // the putter's reference
     r.put(); // the base reference, in percpu mode
-    r.switch_to_atomic(); // the count is now exactly the putter's reference
+    r.switch_to_atomic_sync(); // the count is now exactly the putter's reference
     let putter = {
         let (r, p) = (r.clone(), p.clone());
         spawn(move || p.put(&r))

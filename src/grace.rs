@@ -8,7 +8,7 @@
 //! our threads. One grace period serves every switch whose ATOMIC store
 //! came before it started, so switches share them:
 //!
-//!   kill_deferred(A)  kill_deferred(B)  kill(C) ...   (ATOMIC set, queued)
+//!   kill(A)  kill(B)  kill(C) ...   (ATOMIC set, queued)
 //!          \_______________|_______________/
 //!                          v
 //!            [ grace period n: membarrier ]   started = n ... completed = n

@@ -114,7 +114,7 @@
 //!         })
 //!     })
 //!     .collect();
-//! r.kill().unwrap(); // drops the base reference; tryget_live fails from here on
+//! r.kill_sync().unwrap(); // drops the base reference; tryget_live fails from here on
 //! for w in workers {
 //!     w.join().unwrap();
 //! }
@@ -153,10 +153,10 @@
 //! | `percpu_ref_put` / `_put_many` | [`put`](PercpuRef::put) / [`put_many`](PercpuRef::put_many) | last put runs `release` |
 //! | `percpu_ref_tryget` / `_tryget_many` | [`tryget`](PercpuRef::tryget) / [`tryget_many`](PercpuRef::tryget_many) | fails only at zero |
 //! | `percpu_ref_tryget_live` | [`tryget_live`](PercpuRef::tryget_live) | fails once dead |
-//! | `percpu_ref_kill` | [`kill`](PercpuRef::kill); [`kill_deferred`](PercpuRef::kill_deferred) | synchronous; or asynchronous on a pinned ref (the grace-period engine completes it) |
-//! | `percpu_ref_kill_and_confirm` | [`kill_and_confirm`](PercpuRef::kill_and_confirm); [`kill_and_confirm_deferred`](PercpuRef::kill_and_confirm_deferred) | `confirm` has run on return; or runs on the engine thread |
-//! | `percpu_ref_switch_to_atomic` | [`switch_to_atomic_and_confirm`](PercpuRef::switch_to_atomic_and_confirm); [`switch_to_atomic_and_confirm_deferred`](PercpuRef::switch_to_atomic_and_confirm_deferred) | sticky |
-//! | `percpu_ref_switch_to_atomic_sync` | [`switch_to_atomic`](PercpuRef::switch_to_atomic) | also [`switch_to_atomic_sync`](PercpuRef::switch_to_atomic_sync) |
+//! | `percpu_ref_kill` | [`kill`](PercpuRef::kill); [`kill_sync`](PercpuRef::kill_sync) | on a pinned ref, returns at once (dying; the grace-period engine completes it); or waits for the switch |
+//! | `percpu_ref_kill_and_confirm` | [`kill_and_confirm`](PercpuRef::kill_and_confirm); [`kill_and_confirm_sync`](PercpuRef::kill_and_confirm_sync) | `confirm` runs on the engine thread; or has run on return |
+//! | `percpu_ref_switch_to_atomic` | [`switch_to_atomic`](PercpuRef::switch_to_atomic), [`switch_to_atomic_and_confirm`](PercpuRef::switch_to_atomic_and_confirm); [`switch_to_atomic_and_confirm_sync`](PercpuRef::switch_to_atomic_and_confirm_sync) | sticky |
+//! | `percpu_ref_switch_to_atomic_sync` | [`switch_to_atomic_sync`](PercpuRef::switch_to_atomic_sync) | |
 //! | `percpu_ref_switch_to_percpu` | [`switch_to_percpu`](PercpuRef::switch_to_percpu) | needs `ALLOW_REINIT` |
 //! | `percpu_ref_reinit` | [`reinit`](PercpuRef::reinit) | count must be zero |
 //! | `percpu_ref_resurrect` | [`resurrect`](PercpuRef::resurrect) | must be dead |
@@ -170,6 +170,23 @@
 //! count, going percpu without `ALLOW_REINIT`), or panics with a message
 //! that names the operation and the count (underflow, get on a released
 //! ref). It never releases twice and never lets the count wrap silently.
+//!
+//! **Which calls wait.** One rule, the kernel's, on every type: a call
+//! returns at once unless its name says it waits. `_sync` marks the
+//! waiting twin of a call that returns at once
+//! ([`kill`](PercpuRef::kill) and [`kill_sync`](PercpuRef::kill_sync),
+//! [`switch_to_atomic`](PercpuRef::switch_to_atomic) and
+//! [`switch_to_atomic_sync`](PercpuRef::switch_to_atomic_sync)); a call
+//! whose whole job is to wait is named for the wait ([`flush`],
+//! [`Killed::wait`] and `wait_timeout`, [`Owner::freeze`] and
+//! `freeze_timeout`, which waits for the references to drain as the block
+//! layer's `blk_mq_freeze_queue` does). [`Owner::kill`] returns at once,
+//! as [`PercpuRef::kill`] does; the [`Killed`] it returns is the wait.
+//! Drops are the waits without a name: dropping a [`PercpuRef`] whose
+//! deferred switch is still pending waits for the engine, and dropping an
+//! [`Owner`] whose `T` has drop glue kills synchronously (`T` must be
+//! dropped on the dropping thread); [`Owner::drop_deferred`] is that
+//! drop's twin that returns at once.
 //!
 //! # Backends
 //!
@@ -218,10 +235,12 @@
 //!   any shared counter, slower as threads contend for it (the mode word
 //!   shares the counter's cache line, which costs a contended pair about
 //!   twice a bare counter's).
-//! - **a kill** waits for one grace period: a `membarrier`, an interrupt to
+//! - **a kill** needs one grace period: a `membarrier`, an interrupt to
 //!   each CPU that runs a thread of the process (microseconds; more in a
-//!   VM, where each is a VM exit). Switches that overlap share one; the
-//!   `_deferred` ones batch up to 4,096 per grace period.
+//!   VM, where each is a VM exit). `kill_sync` and the other `_sync`
+//!   switches wait for it, and those that overlap share one; `kill` and
+//!   the other switches that return at once batch up to 4,096 per grace
+//!   period.
 //! - **memory**: 8 bytes per possible CPU per ref, backed only where a CPU
 //!   has written, plus the `PercpuRef`, 64 bytes on 64-bit Linux (a
 //!   compile-time assertion keeps that figure true).
@@ -267,8 +286,8 @@
 //! - **A refused grace period changes nothing.** If the kernel refuses
 //!   `membarrier` after start-up (a seccomp filter installed later, on one
 //!   thread), the switch is undone before anything was summed:
-//!   [`kill`](PercpuRef::kill) returns [`Error::GracePeriodFailed`] and
-//!   [`switch_to_atomic`](PercpuRef::switch_to_atomic) panics, with the ref
+//!   [`kill_sync`](PercpuRef::kill_sync) returns [`Error::GracePeriodFailed`] and
+//!   [`switch_to_atomic_sync`](PercpuRef::switch_to_atomic_sync) panics, with the ref
 //!   exactly as it was. A grace period serves the whole process, though:
 //!   a switch on the blocked thread that another thread's grace period
 //!   serves (one that started after the switch) completes normally.
@@ -296,7 +315,7 @@
 //!
 //! **What runs differently.** There is no background engine thread: a
 //! deferred kill ([`Owner::kill`], dropping an [`Owner`],
-//! [`PercpuRef::kill_deferred`]) is queued, and it completes (confirm, the
+//! [`PercpuRef::kill`]) is queued, and it completes (confirm, the
 //! put of the base reference, `release`) at the first of a
 //! `percpu_ref::loom_support::step()` on any model thread, [`flush`], or a
 //! blocking wait for it ([`Killed::wait`], [`Killed::wait_timeout`], the
@@ -348,12 +367,12 @@
 //!
 //! # Limitations
 //!
-//! - `kill` and `switch_to_atomic` return after the grace period and
-//!   `confirm`: a `membarrier` each on the rseq backend (shared by switches
-//!   that overlap). Where that wait is too long, `kill_deferred` and the
-//!   other `_deferred` switches return at once on a pinned ref and leave
-//!   the grace period to the engine, which batches them; either way
-//!   switches are meant to be rarer than gets and puts.
+//! - `kill_sync` and the other `_sync` switches return after the grace
+//!   period and `confirm`: a `membarrier` each on the rseq backend (shared
+//!   by switches that overlap). `kill` and the other switches without the
+//!   suffix return at once, on a pinned ref, and leave the grace period to
+//!   the engine, which batches them; either way switches are meant to be
+//!   rarer than gets and puts.
 //! - In percpu mode an underflow cannot be seen until the next switch to
 //!   atomic mode; it is then reported by a panic. So is an overflow made
 //!   of more than 2^46 per-CPU calls; one of more than about 2^47 such

@@ -165,7 +165,7 @@ pub fn rseq_aborts() -> u64 {
 ///
 /// Every switch to atomic mode on the rseq backend needs one, but they are
 /// shared: one grace period completes every deferred switch of a batch
-/// ([`PercpuRef::kill_deferred`](crate::PercpuRef::kill_deferred)) and
+/// ([`PercpuRef::kill`](crate::PercpuRef::kill)) and
 /// every synchronous switch waiting for it (see the `grace` module docs).
 /// A diagnostic for benchmarks and tests; always 0 where the rseq backend
 /// is not built or not used.
@@ -176,7 +176,7 @@ pub fn rseq_aborts() -> u64 {
 /// use percpu_ref::{percpu::grace_periods, Backend, InitFlags, PercpuRef};
 /// let before = grace_periods();
 /// let r = PercpuRef::with_backend(|_| {}, InitFlags::empty(), Backend::Sharded).unwrap();
-/// r.kill().unwrap(); // the sharded backend seals the ref itself
+/// r.kill_sync().unwrap(); // the sharded backend seals the ref itself
 /// assert_eq!(grace_periods(), before);
 /// ```
 #[must_use]

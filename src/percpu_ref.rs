@@ -74,7 +74,7 @@
 //!
 //! # Deferred switches
 //!
-//! `kill_deferred` and the other `_deferred` methods do steps 1 and 2 under
+//! `kill` and the other switches without `_sync` do steps 1 and 2 under
 //! the switch lock, mark the ref `MODE_PENDING`, drop the lock and queue
 //! the ref on the grace-period engine (`src/grace.rs`), which does steps
 //! 3-5 after a grace period shared by its whole batch. The pending bit is
@@ -131,7 +131,7 @@ pub(crate) use deferred::Confirm;
 /// };
 /// r.get(); // percpu mode: touches only this CPU's counter
 /// assert!(r.tryget_live());
-/// r.kill().unwrap(); // drops the base reference; two are still held
+/// r.kill_sync().unwrap(); // drops the base reference; two are still held
 /// assert!(!r.tryget_live());
 /// r.put();
 /// assert!(!released.load(Ordering::SeqCst));
@@ -180,7 +180,7 @@ const _: () = assert!(
 
 /// What the kernel keeps in `percpu_ref_data` besides the count.
 struct SwitchState {
-    /// Sticky: set by `switch_to_atomic`, cleared by `switch_to_percpu`.
+    /// Sticky: set by `switch_to_atomic_sync`, cleared by `switch_to_percpu`.
     force_atomic: bool,
     allow_reinit: bool,
 }

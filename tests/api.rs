@@ -38,7 +38,7 @@ fn new_ref_is_percpu_alive_with_one_reference() {
     assert!(r.tryget() && r.tryget_live());
     r.put();
     r.put();
-    r.switch_to_atomic();
+    r.switch_to_atomic_sync();
     assert_eq!(r.atomic_count(), Some(1), "only the base reference is left");
     assert_eq!(rel.load(SeqCst), 0);
 }
@@ -46,7 +46,7 @@ fn new_ref_is_percpu_alive_with_one_reference() {
 #[test]
 fn kill_drops_the_base_reference_and_releases_once() {
     let (r, rel) = counted(InitFlags::empty());
-    r.kill().unwrap();
+    r.kill_sync().unwrap();
     assert_eq!(rel.load(SeqCst), 1);
     assert!(r.is_zero() && r.is_dying() && !r.is_percpu());
     assert!(!r.tryget());
@@ -58,7 +58,7 @@ fn kill_drops_the_base_reference_and_releases_once() {
 fn release_waits_for_the_last_put_in_any_mode() {
     let (r, rel) = counted(InitFlags::empty());
     r.get_many(3); // counted per CPU
-    r.kill().unwrap();
+    r.kill_sync().unwrap();
     assert_eq!(
         r.atomic_count(),
         Some(3),
@@ -82,7 +82,7 @@ fn release_runs_after_confirm() {
         PercpuRef::new(move |_| log.lock().unwrap().push("release"))
     };
     let l2 = log.clone();
-    r.kill_and_confirm(move |r| {
+    r.kill_and_confirm_sync(move |r| {
         assert!(
             !r.tryget_live(),
             "no tryget_live succeeds once confirm runs"
@@ -97,7 +97,7 @@ fn release_runs_after_confirm() {
 #[test]
 fn confirm_may_use_the_ref_but_not_switch_it() {
     let r = PercpuRef::new(|_| {});
-    r.kill_and_confirm(|r| {
+    r.kill_and_confirm_sync(|r| {
         // get/put/tryget from confirm must not deadlock.
         assert!(r.tryget());
         r.get();
@@ -105,7 +105,8 @@ fn confirm_may_use_the_ref_but_not_switch_it() {
     })
     .unwrap();
     let r = PercpuRef::with_flags(|_| {}, InitFlags::ALLOW_REINIT);
-    let msg = panic_message(|| r.switch_to_atomic_and_confirm(|r| r.switch_to_percpu().unwrap()));
+    let msg =
+        panic_message(|| r.switch_to_atomic_and_confirm_sync(|r| r.switch_to_percpu().unwrap()));
     assert!(
         msg.contains("switch_to_percpu") && msg.contains("confirm"),
         "{msg}"
@@ -130,10 +131,10 @@ fn release_may_call_back_into_the_ref() {
             InitFlags::ALLOW_REINIT,
         )
     };
-    r.kill().unwrap();
+    r.kill_sync().unwrap();
     assert_eq!(reinits.load(SeqCst), 1);
     assert!(r.is_percpu() && !r.is_dying(), "revived by its release");
-    r.kill().unwrap();
+    r.kill_sync().unwrap();
     assert_eq!(reinits.load(SeqCst), 2, "each lifecycle releases once");
 }
 
@@ -143,14 +144,14 @@ fn init_atomic_is_sticky_and_allows_reinit() {
     assert!(!r.is_percpu());
     assert_eq!(r.atomic_count(), Some(1));
     r.get();
-    r.kill().unwrap();
+    r.kill_sync().unwrap();
     r.resurrect().unwrap();
     assert!(!r.is_percpu(), "force-atomic survives resurrect");
     assert_eq!(r.atomic_count(), Some(2));
     r.switch_to_percpu().unwrap();
     assert!(r.is_percpu(), "INIT_ATOMIC implies ALLOW_REINIT");
     r.put();
-    r.kill().unwrap();
+    r.kill_sync().unwrap();
     assert_eq!(rel.load(SeqCst), 1);
 }
 
@@ -160,9 +161,9 @@ fn init_dead_starts_zero_and_revives_to_percpu() {
     assert!(r.is_dying() && r.is_zero() && !r.is_percpu());
     assert!(!r.tryget() && !r.tryget_live());
     assert_eq!(
-        r.kill(),
+        r.kill_sync(),
         Err(Error::AlreadyDead {
-            op: "kill_and_confirm"
+            op: "kill_and_confirm_sync"
         })
     );
     r.reinit().unwrap();
@@ -170,7 +171,7 @@ fn init_dead_starts_zero_and_revives_to_percpu() {
         r.is_percpu() && !r.is_dying(),
         "INIT_DEAD alone does not force atomic"
     );
-    r.kill().unwrap();
+    r.kill_sync().unwrap();
     assert_eq!(rel.load(SeqCst), 1);
 
     let (r, _) = counted(InitFlags::INIT_DEAD | InitFlags::INIT_ATOMIC);
@@ -194,11 +195,11 @@ fn switch_round_trips_keep_counts_exact() {
         r.switch_to_percpu().unwrap();
         assert!(r.is_percpu());
     }
-    r.switch_to_atomic();
+    r.switch_to_atomic_sync();
     assert_eq!(r.atomic_count(), Some(held));
     r.put_many(held as usize - 1);
     assert_eq!(rel.load(SeqCst), 0);
-    r.kill().unwrap();
+    r.kill_sync().unwrap();
     assert_eq!(rel.load(SeqCst), 1);
 }
 
@@ -206,7 +207,7 @@ fn switch_round_trips_keep_counts_exact() {
 fn switch_to_atomic_when_atomic_confirms_at_once() {
     let r = PercpuRef::with_flags(|_| {}, InitFlags::INIT_ATOMIC);
     let mut confirmed = false;
-    r.switch_to_atomic_and_confirm(|_| confirmed = true);
+    r.switch_to_atomic_and_confirm_sync(|_| confirmed = true);
     assert!(confirmed);
     assert_eq!(
         r.atomic_count(),
@@ -219,8 +220,8 @@ fn switch_to_atomic_when_atomic_confirms_at_once() {
 fn switch_to_percpu_while_dead_waits_for_revival() {
     let (r, _) = counted(InitFlags::ALLOW_REINIT);
     r.get();
-    r.switch_to_atomic();
-    r.kill().unwrap();
+    r.switch_to_atomic_sync();
+    r.kill_sync().unwrap();
     r.switch_to_percpu().unwrap();
     assert!(!r.is_percpu(), "a dead ref stays atomic");
     r.resurrect().unwrap();
@@ -234,13 +235,13 @@ fn switch_to_percpu_while_dead_waits_for_revival() {
 fn double_kill_is_refused_and_changes_nothing() {
     let (r, rel) = counted(InitFlags::empty());
     r.get();
-    r.kill().unwrap();
+    r.kill_sync().unwrap();
     let mut ran = false;
-    let err = r.kill_and_confirm(|_| ran = true).unwrap_err();
+    let err = r.kill_and_confirm_sync(|_| ran = true).unwrap_err();
     assert_eq!(
         err,
         Error::AlreadyDead {
-            op: "kill_and_confirm"
+            op: "kill_and_confirm_sync"
         }
     );
     assert!(!ran, "confirm of a refused kill never runs");
@@ -273,7 +274,7 @@ fn reinit_needs_a_zero_count() {
         })
     );
     r.get();
-    r.kill().unwrap();
+    r.kill_sync().unwrap();
     let err = r.reinit().unwrap_err();
     assert_eq!(
         err,
@@ -294,7 +295,7 @@ fn reinit_needs_a_zero_count() {
 fn going_percpu_needs_allow_reinit() {
     let (r, _) = counted(InitFlags::empty());
     r.switch_to_percpu().unwrap(); // already percpu: nothing to do
-    r.switch_to_atomic();
+    r.switch_to_atomic_sync();
     let err = r.switch_to_percpu().unwrap_err();
     assert_eq!(
         err,
@@ -305,15 +306,15 @@ fn going_percpu_needs_allow_reinit() {
     assert!(err.to_string().contains("ALLOW_REINIT"));
     assert!(!r.is_percpu());
     r.get();
-    r.kill().unwrap();
-    // Forced atomic (by switch_to_atomic): revival stays atomic, so it is fine.
+    r.kill_sync().unwrap();
+    // Forced atomic (by switch_to_atomic_sync): revival stays atomic, so it is fine.
     r.resurrect().unwrap();
     assert!(!r.is_percpu() && !r.is_dying());
     assert_eq!(r.atomic_count(), Some(2));
 
     let (r, _) = counted(InitFlags::empty());
     r.get();
-    r.kill().unwrap();
+    r.kill_sync().unwrap();
     assert_eq!(
         r.resurrect(),
         Err(Error::ReinitNotAllowed { op: "resurrect" })
@@ -348,7 +349,7 @@ fn underflow_in_percpu_mode_is_found_at_the_switch() {
     let (r, rel) = counted(InitFlags::empty());
     r.put(); // the base reference, which only kill may drop
     r.put(); // and one more: the true count is -1
-    let msg = panic_message(|| r.kill().unwrap());
+    let msg = panic_message(|| r.kill_sync().unwrap());
     assert!(msg.contains("underflow") && msg.contains("-1"), "{msg}");
     assert_eq!(rel.load(SeqCst), 0, "an underflowed count never releases");
     assert!(!r.tryget_live());
@@ -357,7 +358,7 @@ fn underflow_in_percpu_mode_is_found_at_the_switch() {
 #[test]
 fn get_on_a_released_ref_panics() {
     let (r, _) = counted(InitFlags::empty());
-    r.kill().unwrap();
+    r.kill_sync().unwrap();
     let msg = panic_message(|| r.get());
     assert!(
         msg.contains("get_many(1)") && msg.contains("count is 0"),
@@ -372,7 +373,7 @@ fn many_forms_and_zero_counts() {
     r.get_many(0);
     r.put_many(0);
     assert!(r.tryget_many(5));
-    r.kill().unwrap();
+    r.kill_sync().unwrap();
     assert_eq!(r.atomic_count(), Some(5));
     assert!(r.tryget_many(2));
     r.put_many(7);
@@ -423,18 +424,13 @@ fn kill_deferred_returns_dying_and_the_engine_completes_it() {
     let (r, rel) = counted(InitFlags::empty());
     let r = Box::pin(r);
     r.get();
-    r.as_ref().kill_deferred().unwrap();
+    r.as_ref().kill().unwrap();
     assert!(r.is_dying() && !r.is_percpu(), "dying and atomic on return");
     assert!(!r.tryget_live());
     assert!(r.tryget(), "tryget works until zero");
     r.put();
-    assert_eq!(
-        r.as_ref().kill_deferred(),
-        Err(Error::AlreadyDead {
-            op: "kill_deferred"
-        })
-    );
-    assert!(matches!(r.kill(), Err(Error::AlreadyDead { .. })));
+    assert_eq!(r.as_ref().kill(), Err(Error::AlreadyDead { op: "kill" }));
+    assert!(matches!(r.kill_sync(), Err(Error::AlreadyDead { .. })));
     percpu_ref::flush();
     assert_eq!(r.atomic_count(), Some(1), "the base reference was put");
     assert_eq!(rel.load(SeqCst), 0);
@@ -449,7 +445,7 @@ fn deferred_confirm_runs_on_the_engine_thread_before_release() {
     let r = Box::pin(PercpuRef::new(move |_| o.lock().unwrap().push("release")));
     let o = order.clone();
     r.as_ref()
-        .kill_and_confirm_deferred(move |r| {
+        .kill_and_confirm(move |r| {
             assert!(!r.tryget_live());
             let name = std::thread::current().name().map(str::to_owned);
             o.lock()
@@ -473,12 +469,12 @@ fn a_deferred_switch_then_switch_to_percpu_waits_for_it() {
     let (r, rel) = counted(InitFlags::ALLOW_REINIT);
     let r = std::pin::pin!(r);
     r.get_many(3);
-    r.as_ref().switch_to_atomic_deferred();
+    r.as_ref().switch_to_atomic();
     assert!(!r.is_percpu());
     r.switch_to_percpu().unwrap(); // waits for the engine
     assert!(r.is_percpu());
     r.put_many(3);
-    r.kill().unwrap();
+    r.kill_sync().unwrap();
     assert_eq!(rel.load(SeqCst), 1);
 }
 
@@ -487,13 +483,13 @@ fn a_panicking_deferred_confirm_does_not_stop_the_engine() {
     let (r, rel) = counted(InitFlags::empty());
     let r = Box::pin(r);
     r.as_ref()
-        .kill_and_confirm_deferred(|_| panic!("confirm panics on purpose"))
+        .kill_and_confirm(|_| panic!("confirm panics on purpose"))
         .unwrap();
     percpu_ref::flush();
     assert_eq!(rel.load(SeqCst), 1, "the kill completed anyway");
     let (r2, rel2) = counted(InitFlags::empty());
     let r2 = Box::pin(r2);
-    r2.as_ref().kill_deferred().unwrap();
+    r2.as_ref().kill().unwrap();
     percpu_ref::flush();
     assert_eq!(rel2.load(SeqCst), 1, "the engine goes on");
 }
@@ -505,7 +501,7 @@ fn dropping_a_ref_right_after_its_deferred_kill_waits_for_the_engine() {
     let r = Box::pin(r);
     let c = confirmed.clone();
     r.as_ref()
-        .kill_and_confirm_deferred(move |_| {
+        .kill_and_confirm(move |_| {
             c.fetch_add(1, SeqCst);
         })
         .unwrap();
@@ -531,7 +527,7 @@ fn a_release_on_the_engine_may_drop_its_own_ref() {
     *SLOT.lock().unwrap() = Some(r);
     // SAFETY: the ref lives in SLOT, pinned, until its release drops it.
     let r = unsafe { std::pin::Pin::new_unchecked(&*p) };
-    r.kill_deferred().unwrap();
+    r.kill().unwrap();
     percpu_ref::flush();
     assert_eq!(DROPPED.load(SeqCst), 1);
     assert!(SLOT.lock().unwrap().is_none());
@@ -544,7 +540,7 @@ fn a_switch_of_the_same_ref_from_a_deferred_confirm_is_refused() {
     let msg = Arc::new(Mutex::new(String::new()));
     let m = msg.clone();
     r.as_ref()
-        .kill_and_confirm_deferred(move |r| {
+        .kill_and_confirm(move |r| {
             let e = catch_unwind(AssertUnwindSafe(|| {
                 let _ = r.resurrect();
             }))

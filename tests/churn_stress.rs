@@ -68,7 +68,7 @@ fn churn(backend: Backend, seed: usize, stop_early: &AtomicBool) -> (usize, usiz
         held.push((r, extra));
         if held.len() > 8 || i % 3 == 0 {
             let (r, extra) = held.swap_remove((i + seed) % held.len());
-            r.kill().unwrap();
+            r.kill_sync().unwrap();
             assert_eq!(
                 r.atomic_count(),
                 Some(extra),

@@ -143,7 +143,7 @@ fn count_on(cpus: &[usize]) -> usize {
         pinned += usize::from(ok);
     }
     let per_cpu: u64 = (0..8).sum();
-    r.kill().unwrap();
+    r.kill_sync().unwrap();
     assert_eq!(
         r.atomic_count(),
         Some(per_cpu * pinned as u64),

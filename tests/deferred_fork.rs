@@ -61,7 +61,7 @@ fn kill_and_drop(n: usize, backend: Backend) -> (usize, usize) {
         r.get();
         let c = confirms.clone();
         r.as_ref()
-            .kill_and_confirm_deferred(move |_| {
+            .kill_and_confirm(move |_| {
                 c.fetch_add(1, SeqCst);
             })
             .unwrap();
@@ -80,7 +80,7 @@ fn child() -> i32 {
     for b in backends() {
         // Queued without a flush first: the engine must restart by itself.
         let pending = Box::pin(PercpuRef::with_backend(|_| {}, InitFlags::empty(), b).unwrap());
-        pending.as_ref().kill_deferred().unwrap();
+        pending.as_ref().kill().unwrap();
         drop(pending);
         if kill_and_drop(50, b) != (50, 50) {
             return 2;
@@ -149,7 +149,7 @@ fn fork_from_a_deferred_confirm() {
     let r = Box::pin(PercpuRef::new(|_| {}));
     let status = child_status.clone();
     r.as_ref()
-        .kill_and_confirm_deferred(move |_| {
+        .kill_and_confirm(move |_| {
             // SAFETY: the child (the engine thread alone) queues a kill of
             // a ref of its own and leaves with `_exit`.
             let pid = unsafe { libc::fork() };
@@ -157,7 +157,7 @@ fn fork_from_a_deferred_confirm() {
             if pid == 0 {
                 let ok = std::panic::catch_unwind(|| {
                     let r = Box::pin(PercpuRef::new(|_| {}));
-                    r.as_ref().kill_deferred().unwrap();
+                    r.as_ref().kill().unwrap();
                     std::mem::forget(r); // its completion would need this very thread
                 })
                 .is_ok();
@@ -211,7 +211,7 @@ fn fork_while_threads_start_and_exit() {
         if pid == 0 {
             let ok = std::panic::catch_unwind(|| {
                 let r = Box::pin(PercpuRef::new(|_| {}));
-                r.as_ref().kill_deferred().unwrap();
+                r.as_ref().kill().unwrap();
                 percpu_ref::flush(); // starts the child's engine and waits for it
                 r.is_zero()
             });

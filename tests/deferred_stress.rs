@@ -142,7 +142,7 @@ fn user(seed: usize, refs: &[Tracked], stop: &AtomicBool, v: &Violations) -> u64
         let killed = k.t.killed.load(SeqCst);
         if k.r.tryget_live() {
             if killed {
-                v.add("tryget_live succeeded after kill_deferred returned".into());
+                v.add("tryget_live succeeded after kill returned".into());
             }
             k.t.held.fetch_add(1, SeqCst);
         } else if k.r.tryget() {
@@ -187,7 +187,7 @@ fn run(backend: Backend) {
                 let r = Box::pin(r);
                 r.get();
                 r.as_ref()
-                    .kill_and_confirm_deferred(confirm_for(ref_count() + i, &t, &v))
+                    .kill_and_confirm(confirm_for(ref_count() + i, &t, &v))
                     .unwrap();
                 r.put();
                 drop(r); // waits for the engine
@@ -210,11 +210,11 @@ fn run(backend: Backend) {
                     let confirm = confirm_for(i, &tr.t, &v);
                     if i % 5 == 0 {
                         // A deferred switch first: the kill waits for it.
-                        tr.r.as_ref().switch_to_atomic_deferred();
+                        tr.r.as_ref().switch_to_atomic();
                     }
-                    tr.r.as_ref().kill_and_confirm_deferred(confirm).unwrap();
+                    tr.r.as_ref().kill_and_confirm(confirm).unwrap();
                     tr.t.killed.store(true, SeqCst);
-                    if tr.r.as_ref().kill_deferred().is_ok() {
+                    if tr.r.as_ref().kill().is_ok() {
                         v.add(format!("ref {i}: killed twice"));
                     }
                     if i % 64 == 0 {

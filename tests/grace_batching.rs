@@ -3,7 +3,7 @@
 //!
 //! One test function, so that no other test of this binary issues grace
 //! periods meanwhile:
-//! - 20,000 `kill_deferred`s by one thread issue no more grace periods
+//! - 20,000 `kill`s by one thread issue no more grace periods
 //!   than the engine's batching allows, and never one per kill: a batch
 //!   ends when it is full (4096 switches), when it has gathered for 1 ms,
 //!   or when `flush` cuts it short, so a run of `t` ms issues at most
@@ -56,14 +56,14 @@ fn grace_periods_are_shared() {
     let before = grace_periods();
     let start = Instant::now();
     for r in &refs {
-        r.as_ref().kill_deferred().unwrap();
+        r.as_ref().kill().unwrap();
     }
     let killing = start.elapsed();
     percpu_ref::flush();
     let elapsed = start.elapsed();
     let gps = grace_periods() - before;
     eprintln!(
-        "{DEFERRED} kill_deferred: {:.0} kills/s on the killing thread ({killing:?}), \
+        "{DEFERRED} kill: {:.0} kills/s on the killing thread ({killing:?}), \
          {gps} grace periods, all complete after {elapsed:?}",
         DEFERRED as f64 / killing.as_secs_f64()
     );
@@ -83,7 +83,7 @@ fn grace_periods_are_shared() {
     let refs = rseq_refs(SYNC_PER_THREAD);
     let before = grace_periods();
     for r in &refs {
-        r.kill().unwrap();
+        r.kill_sync().unwrap();
     }
     assert_eq!(grace_periods() - before, SYNC_PER_THREAD as u64);
 
@@ -97,7 +97,7 @@ fn grace_periods_are_shared() {
                 let refs = rseq_refs(SYNC_PER_THREAD);
                 barrier.wait();
                 for r in refs {
-                    r.kill().unwrap();
+                    r.kill_sync().unwrap();
                 }
             })
         })

@@ -217,11 +217,11 @@ impl Model {
             Op::Kill { confirm_panics } => {
                 if self.dead {
                     return Outcome::Err(Error::AlreadyDead {
-                        op: "kill_and_confirm",
+                        op: "kill_and_confirm_sync",
                     });
                 }
                 self.dead = true;
-                let mut d = self.switch_to_atomic(confirm_panics);
+                let mut d = self.switch_to_atomic_sync(confirm_panics);
                 if !self.miscounted {
                     self.put_locked(&mut d);
                 }
@@ -229,7 +229,7 @@ impl Model {
             }
             Op::SwitchToAtomic { confirm_panics } => {
                 self.forced = true;
-                let d = self.switch_to_atomic(confirm_panics);
+                let d = self.switch_to_atomic_sync(confirm_panics);
                 self.finish(d)
             }
             Op::SwitchToPercpu => {
@@ -276,7 +276,7 @@ impl Model {
         }
     }
 
-    fn switch_to_atomic(&mut self, confirm_panics: bool) -> Deferred {
+    fn switch_to_atomic_sync(&mut self, confirm_panics: bool) -> Deferred {
         let mut d = Deferred {
             confirm_panic: confirm_panics,
             ..Deferred::default()
@@ -362,7 +362,7 @@ fn run(backend: Backend, flags: InitFlags, release_panics: bool, ops: &[Op]) {
                 }
                 Op::TryGet(n) => Outcome::Bool(r.tryget_many(n as usize)),
                 Op::TryGetLive => Outcome::Bool(r.tryget_live()),
-                Op::Kill { confirm_panics } => match r.kill_and_confirm(|r| {
+                Op::Kill { confirm_panics } => match r.kill_and_confirm_sync(|r| {
                     assert!(!r.tryget_live(), "tryget_live succeeded inside confirm");
                     if confirm_panics {
                         panic!("confirm panics");
@@ -372,7 +372,7 @@ fn run(backend: Backend, flags: InitFlags, release_panics: bool, ops: &[Op]) {
                     Err(e) => Outcome::Err(e),
                 },
                 Op::SwitchToAtomic { confirm_panics } => {
-                    r.switch_to_atomic_and_confirm(|_| {
+                    r.switch_to_atomic_and_confirm_sync(|_| {
                         if confirm_panics {
                             panic!("confirm panics");
                         }

@@ -1,7 +1,7 @@
 //! A refused grace period undoes the switch: a thread
 //! whose `membarrier` a seccomp filter blocks gets
-//! `Error::GracePeriodFailed` from `kill_and_confirm` and a panic from
-//! `switch_to_atomic`, with the ref exactly as it was.
+//! `Error::GracePeriodFailed` from `kill_and_confirm_sync` and a panic from
+//! `switch_to_atomic_sync`, with the ref exactly as it was.
 //!
 //! A binary of its own, with one test function: a grace period serves the
 //! whole process, so a synchronous switch on the blocked thread that finds
@@ -53,7 +53,7 @@ fn a_refused_grace_period_undoes_the_switch() {
             // As a sandbox applied after start-up would.
             fail_syscalls_on_this_thread(&[libc::SYS_membarrier], libc::EPERM);
             let e = r
-                .kill_and_confirm(|_| {
+                .kill_and_confirm_sync(|_| {
                     confirmed.fetch_add(1, SeqCst);
                 })
                 .unwrap_err();
@@ -61,7 +61,7 @@ fn a_refused_grace_period_undoes_the_switch() {
                 matches!(
                     e,
                     Error::GracePeriodFailed {
-                        op: "kill_and_confirm",
+                        op: "kill_and_confirm_sync",
                         errno: libc::EPERM
                     }
                 ),
@@ -69,8 +69,8 @@ fn a_refused_grace_period_undoes_the_switch() {
             );
             assert!(e.to_string().contains("undone"), "{e}");
             assert!(r.is_percpu() && !r.is_dying(), "the kill was undone");
-            let msg = panic_message(|| r.switch_to_atomic());
-            assert!(msg.contains("switch_to_atomic") && msg.contains("membarrier"));
+            let msg = panic_message(|| r.switch_to_atomic_sync());
+            assert!(msg.contains("switch_to_atomic_sync") && msg.contains("membarrier"));
             assert!(r.is_percpu(), "the switch was undone");
             assert!(r.tryget_live());
             r.put();
@@ -84,10 +84,10 @@ fn a_refused_grace_period_undoes_the_switch() {
     stop.store(1, SeqCst);
     assert!(worker.join().unwrap() > 0);
     // A thread without the filter can kill it, and the count is exact.
-    r.switch_to_atomic();
+    r.switch_to_atomic_sync();
     assert_eq!(r.atomic_count(), Some(6), "nothing lost, nothing twice");
     r.switch_to_percpu().unwrap();
-    r.kill().unwrap();
+    r.kill_sync().unwrap();
     r.put_many(5);
     assert_eq!(rel.load(SeqCst), 1);
 }

@@ -44,7 +44,7 @@ fn hundred_thousand_refs_cost_8_bytes_per_cpu_and_slots_are_reused() {
         r.get_many(i + 1);
     }
     for (i, r) in refs.iter().enumerate().step_by(997) {
-        r.kill().unwrap();
+        r.kill_sync().unwrap();
         assert_eq!(r.atomic_count(), Some(i as u64 + 1));
     }
     let header = std::mem::size_of::<PercpuRef>();
@@ -72,7 +72,7 @@ fn hundred_thousand_refs_cost_8_bytes_per_cpu_and_slots_are_reused() {
     // Reused slots (some left non-zero by the first round) start at zero:
     // a fresh ref killed at once has count 0.
     for r in &again {
-        r.kill().unwrap();
+        r.kill_sync().unwrap();
         assert_eq!(r.atomic_count(), Some(0));
     }
 }

@@ -82,13 +82,13 @@ fn child() -> i32 {
         .collect();
     // Grace periods in the child while its threads count.
     for _ in 0..50 {
-        r.switch_to_atomic();
+        r.switch_to_atomic_sync();
         r.switch_to_percpu().unwrap();
     }
     for w in workers {
         w.join().unwrap();
     }
-    r.kill().unwrap();
+    r.kill_sync().unwrap();
     if r.atomic_count() != Some(THREADS as u64) {
         return 11;
     }
@@ -112,7 +112,7 @@ fn rseq_backend_works_in_a_forked_child() {
     }
     // Choose the backend and register in the parent, before the fork.
     let r = PercpuRef::new(|_| {});
-    r.kill().unwrap();
+    r.kill_sync().unwrap();
     // SAFETY: the child runs only this crate's code and std threads, which
     // hold no lock across a fork (the other test of this binary may be
     // allocating refs meanwhile: that is what the crate makes safe).
@@ -136,7 +136,7 @@ fn rseq_backend_works_in_a_forked_child() {
     // And the parent still works after the fork.
     let r = PercpuRef::new(|_| {});
     r.get();
-    r.kill().unwrap();
+    r.kill_sync().unwrap();
     assert_eq!(r.atomic_count(), Some(1));
 }
 
@@ -157,7 +157,7 @@ fn fork_a_child_that_uses_refs(i: usize) -> Result<(), String> {
             let r = rseq_ref(); // alloc
             r.get_many(3);
             r.put_many(3);
-            r.kill().unwrap();
+            r.kill_sync().unwrap();
             assert_eq!(r.atomic_count(), Some(0));
             drop(r); // drop
             drop(rseq_ref());

@@ -259,7 +259,7 @@ fn stress() -> Report {
     // Switch back and forth while the workers run, then kill halfway.
     let total = WORKERS as u64 * ops();
     for _ in 0..SWITCHES {
-        r.switch_to_atomic();
+        r.switch_to_atomic_sync();
         // Stay atomic a moment: an add that a broken grace period let
         // commit after the sum lands now, on a counter that the switch
         // back zeroes unread (without the pause it mostly landed after the
@@ -286,7 +286,7 @@ fn stress() -> Report {
         fail_on_worker_panic();
         std::thread::sleep(Duration::from_millis(1));
     }
-    r.kill().unwrap();
+    r.kill_sync().unwrap();
     killed.store(true, SeqCst);
     assert!(!r.is_percpu() && r.is_dying());
     // The workers end their loops once killed; one that panicked never
@@ -554,7 +554,7 @@ fn capped_arena_on_cpu_1_counts_exactly() {
                 let mut n = 0usize;
                 while !stop.load(SeqCst) {
                     let r = &refs[n * 97 % CAPPED_REFS];
-                    r.switch_to_atomic();
+                    r.switch_to_atomic_sync();
                     r.switch_to_percpu().unwrap();
                     n += 1;
                 }
@@ -573,7 +573,7 @@ fn capped_arena_on_cpu_1_counts_exactly() {
     }
     eprintln!("capped arena: (CPU, id) pairs the workers saw: {ids:?}");
     for (i, r) in refs.iter().enumerate() {
-        r.kill().unwrap();
+        r.kill_sync().unwrap();
         let left = (phases * CAPPED_THREADS * CAPPED_ROUNDS * (i % 7 + 1)) as u64;
         assert_eq!(r.atomic_count(), Some(left), "ref {i}: inexact count");
         r.put_many(left as usize);
@@ -732,7 +732,7 @@ fn refused_thread_counts() {
     }
     let mut left = 0;
     for r in refs.iter() {
-        r.kill().unwrap();
+        r.kill_sync().unwrap();
         left += r.atomic_count().unwrap();
     }
     assert_eq!(left as usize, held.load(SeqCst), "counts were lost");

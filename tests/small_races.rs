@@ -28,7 +28,7 @@ fn switches_gets_puts_and_kill() {
         let (r, stop) = (r.clone(), stop.clone());
         thread::spawn(move || {
             while !stop.load(SeqCst) {
-                r.switch_to_atomic();
+                r.switch_to_atomic_sync();
                 r.switch_to_percpu().unwrap();
                 thread::yield_now();
             }
@@ -52,7 +52,7 @@ fn switches_gets_puts_and_kill() {
     }
     stop.store(true, SeqCst);
     switcher.join().unwrap();
-    r.kill().unwrap();
+    r.kill_sync().unwrap();
     assert_eq!(r.atomic_count(), Some(THREADS as u64));
     assert_eq!(releases.load(SeqCst), 0);
     r.put_many(THREADS);
@@ -80,7 +80,7 @@ fn tryget_live_against_kill_and_resurrect() {
         })
         .collect();
     let flag = confirmed.clone();
-    r.kill_and_confirm(move |_| flag.store(true, SeqCst))
+    r.kill_and_confirm_sync(move |_| flag.store(true, SeqCst))
         .unwrap();
     for w in workers {
         w.join().unwrap();

@@ -23,7 +23,7 @@ fn a_panicking_confirm_still_completes_the_kill() {
         let (r, rel) = counted(InitFlags::empty(), b);
         r.get(); // one reference outstanding
         let msg = panic_message(|| {
-            let _ = r.kill_and_confirm(|_| panic!("confirm failed on purpose"));
+            let _ = r.kill_and_confirm_sync(|_| panic!("confirm failed on purpose"));
         });
         assert_eq!(
             msg, "confirm failed on purpose",
@@ -38,7 +38,10 @@ fn a_panicking_confirm_still_completes_the_kill() {
         assert_eq!(rel.load(SeqCst), 0, "{b}");
         r.put();
         assert_eq!(rel.load(SeqCst), 1, "{b}: released once, by the last put");
-        assert!(matches!(r.kill(), Err(Error::AlreadyDead { .. })), "{b}");
+        assert!(
+            matches!(r.kill_sync(), Err(Error::AlreadyDead { .. })),
+            "{b}"
+        );
     }
 }
 
@@ -47,7 +50,7 @@ fn a_panicking_confirm_releases_when_it_was_the_last_reference() {
     for b in backends() {
         let (r, rel) = counted(InitFlags::empty(), b);
         let msg = panic_message(|| {
-            let _ = r.kill_and_confirm(|r| {
+            let _ = r.kill_and_confirm_sync(|r| {
                 assert!(!r.tryget_live());
                 panic!("boom");
             });
@@ -63,7 +66,7 @@ fn a_panicking_confirm_of_a_switch_leaves_the_count_exact() {
     for b in backends() {
         let (r, rel) = counted(InitFlags::ALLOW_REINIT, b);
         r.get_many(3);
-        panic_message(|| r.switch_to_atomic_and_confirm(|_| panic!("confirm")));
+        panic_message(|| r.switch_to_atomic_and_confirm_sync(|_| panic!("confirm")));
         assert_eq!(
             r.atomic_count(),
             Some(4),
@@ -71,7 +74,7 @@ fn a_panicking_confirm_of_a_switch_leaves_the_count_exact() {
         );
         r.switch_to_percpu().unwrap();
         r.put_many(3);
-        r.kill().unwrap();
+        r.kill_sync().unwrap();
         assert_eq!(rel.load(SeqCst), 1, "{b}");
     }
 }
@@ -81,7 +84,7 @@ fn a_switch_from_inside_confirm_panics_after_the_kill_completes() {
     for b in backends() {
         let (r, rel) = counted(InitFlags::empty(), b);
         let msg = panic_message(|| {
-            let _ = r.kill_and_confirm(|r| r.switch_to_atomic());
+            let _ = r.kill_and_confirm_sync(|r| r.switch_to_atomic_sync());
         });
         assert!(msg.contains("inside a confirm callback"), "{b}: {msg}");
         assert_eq!(rel.load(SeqCst), 1, "{b}: the kill still released");
@@ -93,7 +96,7 @@ fn a_panicking_release_runs_once_and_leaves_the_ref_released() {
     for b in backends() {
         let (r, calls) = counted_with(InitFlags::empty(), b, true);
         r.get();
-        r.kill().unwrap();
+        r.kill_sync().unwrap();
         let msg = panic_message(|| r.put());
         assert_eq!(msg, "release panics");
         assert!(r.is_zero(), "{b}");
@@ -102,7 +105,7 @@ fn a_panicking_release_runs_once_and_leaves_the_ref_released() {
         // The same from the kill's own put.
         let (r2, calls2) = counted_with(InitFlags::empty(), b, true);
         panic_message(|| {
-            let _ = r2.kill();
+            let _ = r2.kill_sync();
         });
         assert!(r2.is_zero() && r2.is_dying(), "{b}");
         assert_eq!(calls2.load(SeqCst), 1, "{b}");
@@ -115,7 +118,7 @@ fn a_panicking_release_runs_once_and_leaves_the_ref_released() {
 fn switch_to_percpu_refuses_a_released_ref() {
     for b in backends() {
         let (r, rel) = counted(InitFlags::ALLOW_REINIT, b);
-        r.switch_to_atomic();
+        r.switch_to_atomic_sync();
         r.put(); // count 1 -> 0
         assert_eq!(rel.load(SeqCst), 1, "{b}");
         assert_eq!(
@@ -134,7 +137,7 @@ fn switch_to_percpu_refuses_a_released_ref() {
         r.put();
         assert_eq!(rel.load(SeqCst), 1, "{b}");
         assert_eq!(r.atomic_count(), Some(1), "{b}: still sticky atomic");
-        r.kill().unwrap();
+        r.kill_sync().unwrap();
         assert_eq!(rel.load(SeqCst), 2, "{b}: one release per life");
     }
 }
@@ -147,7 +150,7 @@ fn huge_n_counts_exactly() {
         let (r, rel) = counted(InitFlags::empty(), b);
         r.get_many(1 << 61);
         r.get();
-        r.kill().unwrap();
+        r.kill_sync().unwrap();
         assert_eq!(r.atomic_count(), Some((1 << 61) + 1), "{b}");
         r.put_many((1 << 61) + 1);
         assert_eq!(rel.load(SeqCst), 1, "{b}");
@@ -155,7 +158,7 @@ fn huge_n_counts_exactly() {
         let (r, rel) = counted(InitFlags::empty(), b);
         r.get_many(1 << 61);
         r.put_many(1 << 61);
-        r.kill().unwrap();
+        r.kill_sync().unwrap();
         assert_eq!(rel.load(SeqCst), 1, "{b}: no false underflow");
 
         // Just below and at the per-CPU limit, in every combination.
@@ -167,7 +170,7 @@ fn huge_n_counts_exactly() {
         for n in [(1 << 16) - 1, 1 << 16, (1 << 16) + 1, 1 << 40] {
             r.put_many(2 * n);
         }
-        r.kill().unwrap();
+        r.kill_sync().unwrap();
         assert_eq!(rel.load(SeqCst), 1, "{b}");
     }
 }
@@ -189,7 +192,7 @@ fn huge_n_from_many_threads_counts_exactly() {
                         };
                         r.get_many(n);
                         if k % 20 == 0 && i == 0 {
-                            r.switch_to_atomic();
+                            r.switch_to_atomic_sync();
                             r.switch_to_percpu().unwrap();
                         }
                         r.put_many(n);
@@ -200,7 +203,7 @@ fn huge_n_from_many_threads_counts_exactly() {
         for t in threads {
             t.join().unwrap();
         }
-        r.kill().unwrap();
+        r.kill_sync().unwrap();
         assert_eq!(rel.load(SeqCst), 1, "{b}: exact after huge gets and puts");
     }
 }
@@ -241,7 +244,7 @@ fn a_small_overflow_in_atomic_mode_saturates_for_good() {
     for b in backends() {
         for tryget in [false, true] {
             let (r, rel) = counted(InitFlags::ALLOW_REINIT, b);
-            r.switch_to_atomic();
+            r.switch_to_atomic_sync();
             r.get_many(MAX_COUNT - 2); // the base plus this: one below the limit
             assert!(r.tryget());
             assert_eq!(r.atomic_count(), Some(MAX_COUNT as u64));
@@ -264,7 +267,7 @@ fn a_small_overflow_in_atomic_mode_saturates_for_good() {
                 matches!(r.switch_to_percpu(), Err(Error::Miscounted { .. })),
                 "{b}"
             );
-            assert!(matches!(r.kill(), Ok(())), "{b}: a kill still works");
+            assert!(matches!(r.kill_sync(), Ok(())), "{b}: a kill still works");
             assert_eq!(rel.load(SeqCst), 0, "{b}: never released");
         }
     }
@@ -281,7 +284,7 @@ fn overflow_in_percpu_mode_is_caught_at_the_call() {
         r.get_many(MAX_COUNT - 1); // the base plus this: exactly the limit
         let msg = panic_message(|| r.get_many(1 << 20));
         assert!(msg.contains("overflow"), "{b}: {msg}");
-        r.kill().unwrap();
+        r.kill_sync().unwrap();
         assert_eq!(r.atomic_count(), Some(MAX_COUNT as u64 - 1));
         r.put_many(MAX_COUNT - 1);
         assert_eq!(rel.load(SeqCst), 1, "{b}");
@@ -294,7 +297,7 @@ fn a_miscounted_ref_never_releases_and_refuses_to_go_percpu() {
         let (r, rel) = counted(InitFlags::ALLOW_REINIT, b);
         r.put(); // the base reference, in percpu mode: not seen yet
         r.put(); // one more: an underflow
-        let msg = panic_message(|| r.switch_to_atomic());
+        let msg = panic_message(|| r.switch_to_atomic_sync());
         assert!(
             msg.contains("underflow") && msg.contains("-1"),
             "{b}: {msg}"

@@ -127,7 +127,7 @@ fn counts_stay_exact_across_switch_round_trips(backend: Backend) {
         let (c, stop, switches) = (c.clone(), stop.clone(), switches.clone());
         thread::spawn(move || {
             while !stop.load(SeqCst) {
-                c.r.switch_to_atomic();
+                c.r.switch_to_atomic_sync();
                 thread::yield_now();
                 c.r.switch_to_percpu().unwrap();
                 switches.fetch_add(1, SeqCst);
@@ -170,7 +170,7 @@ fn counts_stay_exact_across_switch_round_trips(backend: Backend) {
     switcher.join().unwrap();
 
     let extra: usize = (0..THREADS).map(|i| i % 4).sum();
-    c.r.switch_to_atomic();
+    c.r.switch_to_atomic_sync();
     assert_eq!(
         c.r.atomic_count(),
         Some(1 + extra as u64),
@@ -178,7 +178,7 @@ fn counts_stay_exact_across_switch_round_trips(backend: Backend) {
     );
     c.r.put_many(extra);
     assert_eq!(c.releases.load(SeqCst), 0);
-    c.r.kill().unwrap();
+    c.r.kill_sync().unwrap();
     assert_eq!(c.releases.load(SeqCst), 1);
     eprintln!(
         "{} switch round trips during the run",
@@ -219,14 +219,14 @@ fn kill_mid_stream_releases_once_after_the_last_put(backend: Backend) {
         })
     };
     progress.wait_until(Progress::total(ops()) / 4);
-    c.r.kill().unwrap();
+    c.r.kill_sync().unwrap();
     assert!(c.r.is_dying());
     join(workers);
     assert_eq!(c.releases.load(SeqCst), 1);
     assert!(c.r.is_zero());
 }
 
-/// tryget_live racing kill_and_confirm: a tryget_live that starts after the
+/// tryget_live racing kill_and_confirm_sync: a tryget_live that starts after the
 /// confirm was seen never succeeds; the ones that succeeded hold real
 /// references (the final count is exact).
 fn no_tryget_live_succeeds_after_confirm(backend: Backend) {
@@ -262,7 +262,7 @@ fn no_tryget_live_succeeds_after_confirm(backend: Backend) {
     };
     progress.wait_until(Progress::total(ops() / 4) / 4);
     let flag = confirmed.clone();
-    c.r.kill_and_confirm(move |_| flag.store(true, SeqCst))
+    c.r.kill_and_confirm_sync(move |_| flag.store(true, SeqCst))
         .unwrap();
     join(workers);
     assert_eq!(
@@ -307,7 +307,7 @@ fn kill_and_resurrect_cycles_keep_the_count(backend: Backend) {
         let (c, stop, cycles) = (c.clone(), stop.clone(), cycles.clone());
         thread::spawn(move || {
             while !stop.load(SeqCst) {
-                c.r.kill().unwrap();
+                c.r.kill_sync().unwrap();
                 c.r.resurrect().unwrap();
                 cycles.fetch_add(1, SeqCst);
             }
@@ -317,11 +317,11 @@ fn kill_and_resurrect_cycles_keep_the_count(backend: Backend) {
     stop.store(true, SeqCst);
     controller.join().unwrap();
     // Each kill put one base reference, each resurrect took one back.
-    c.r.switch_to_atomic();
+    c.r.switch_to_atomic_sync();
     assert_eq!(c.r.atomic_count(), Some(1 + THREADS as u64));
     assert_eq!(c.releases.load(SeqCst), 0);
     c.r.put_many(THREADS);
-    c.r.kill().unwrap();
+    c.r.kill_sync().unwrap();
     assert_eq!(c.releases.load(SeqCst), 1);
     eprintln!("{} kill/resurrect cycles", cycles.load(SeqCst));
 }
@@ -560,7 +560,7 @@ fn tryget_races_the_final_put(backend: Backend) {
             while pairs.load(SeqCst) < kill_after(round_no) {
                 thread::yield_now();
             }
-            c.r.kill_and_confirm(|_| round.confirmed.store(true, SeqCst))
+            c.r.kill_and_confirm_sync(|_| round.confirmed.store(true, SeqCst))
                 .unwrap();
             // The trygetters stop once they have seen release; should it
             // never come (a lost put), stop them so the check can report it.
@@ -630,7 +630,7 @@ fn puts_land_while_a_kill_folds(backend: Backend) {
             while pairs.load(SeqCst) < kill_after(round_no) {
                 thread::yield_now();
             }
-            c.r.kill_and_confirm(|_| round.confirmed.store(true, SeqCst))
+            c.r.kill_and_confirm_sync(|_| round.confirmed.store(true, SeqCst))
                 .unwrap();
         });
         round.check(round_no, c, &mut by_role);
@@ -847,7 +847,7 @@ fn exact_when_confined_to_cpu_1(backend: Backend) {
             })
         };
         join(workers);
-        c.r.kill().unwrap();
+        c.r.kill_sync().unwrap();
         assert_eq!(c.r.atomic_count(), Some(THREADS as u64));
         c.r.put_many(THREADS);
         assert_eq!(c.releases.load(SeqCst), 1);

@@ -66,7 +66,7 @@ impl Drop for Counted {
 fn use_the_crate(deferred: bool) {
     let refs: Vec<_> = (0..4).map(|_| PercpuRef::new(|_| {})).collect();
     for r in &refs {
-        r.kill().unwrap();
+        r.kill_sync().unwrap();
     }
     drop(refs);
     drop(Owner::new(vec![1u8])); // drop glue: a sync kill
@@ -138,7 +138,7 @@ fn case_percpu_ref(used_before: bool) {
         AtExit(Some(Box::new(move || {
             r.get();
             r.put();
-            r.as_ref().kill_deferred().unwrap();
+            r.as_ref().kill().unwrap();
             drop(r); // waits for the kill: the engine completes it
         })))
     });
@@ -371,7 +371,7 @@ fn case_engine_refused(used_before: bool) {
             let confirmed = Arc::new(AtomicUsize::new(0));
             let c = confirmed.clone();
             r.as_ref()
-                .kill_and_confirm_deferred(move |_| {
+                .kill_and_confirm(move |_| {
                     c.fetch_add(1, SeqCst);
                 })
                 .unwrap();
@@ -385,7 +385,7 @@ fn case_engine_refused(used_before: bool) {
             let seen = refused.clone();
             let r2 = Box::pin(PercpuRef::new(|_| {}));
             r2.as_ref()
-                .kill_and_confirm_deferred(move |_| {
+                .kill_and_confirm(move |_| {
                     *seen.lock().unwrap() = common::try_panic_message(percpu_ref::flush);
                 })
                 .unwrap();

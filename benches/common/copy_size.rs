@@ -177,7 +177,7 @@ impl Counter for PercpuCounter {
     fn check_balanced(&self) -> Result<(), String> {
         // Killing drops the base reference: with every get matched by a put
         // the ref releases exactly once, right now.
-        self.r.kill().map_err(|e| e.to_string())?;
+        self.r.kill_sync().map_err(|e| e.to_string())?;
         match self.released.load(Ordering::SeqCst) {
             1 => Ok(()),
             n => Err(format!(

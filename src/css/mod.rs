@@ -29,7 +29,7 @@
 //!    css: set `CSS_DYING`, take an extra reference, and
 //!    `percpu_ref_kill_and_confirm(css_killed_ref_fn)`. The kill is
 //!    asynchronous, as in the kernel
-//!    ([`PercpuRef::kill_and_confirm_deferred`]): `rmdir` returns with the
+//!    ([`PercpuRef::kill_and_confirm`]): `rmdir` returns with the
 //!    css dying (no `css_tryget_online` succeeds), and the process's
 //!    grace-period engine completes the switch later (within about a
 //!    millisecond); [`Hierarchy::flush`] waits for it.

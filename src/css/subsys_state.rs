@@ -731,7 +731,7 @@ pub(crate) fn kill_root_css(p: CssPtr, panics: &mut CallbackPanics) {
     // Hands on a release by the kill even if the kill panics; on success
     // the release is handed on below, with its panics kept.
     let settle = SettleReleases;
-    if let Err(e) = css.refcnt.kill() {
+    if let Err(e) = css.refcnt.kill_sync() {
         panic!("root css {} of {}: {e}", css.id, css.cgroup_path());
     }
     std::mem::forget(settle);

@@ -33,7 +33,7 @@
 //!
 //! [`Owner::kill`] (and the drop of an `Owner` whose `T` has no drop glue)
 //! kills with the kernel's asynchronous `percpu_ref_kill`
-//! ([`PercpuRef::kill_deferred`]): the ref is dead when it returns, and the
+//! ([`PercpuRef::kill`]): the ref is dead when it returns, and the
 //! process's grace-period engine (a background thread) later completes the
 //! switch and puts the base reference, so the engine may make the last
 //! put. The block is heap-allocated and never moves, which is what the

@@ -165,7 +165,7 @@ impl<T> Owner<T> {
     /// Returns at once, without a system call: the object is dying when
     /// this returns, and the switch to atomic mode completes on the
     /// process's grace-period engine (the kernel's `percpu_ref_kill`; see
-    /// [`PercpuRef::kill_deferred`]), which then drops the owner's base
+    /// [`PercpuRef::kill`]), which then drops the owner's base
     /// reference. Until then the object cannot be released, so
     /// [`Killed::is_released`] stays false for up to about a millisecond
     /// even when no [`Ref`] exists (the engine gathers kills that long to
@@ -203,7 +203,7 @@ impl<T> Owner<T> {
         // Frozen for good: already dead, released and claimed.
         if !this.frozen {
             sync::lock(&this.inner().state).claimed = true;
-            this.kill_deferred("owned::Owner::kill");
+            this.start_kill("owned::Owner::kill");
         }
         // The owner's unit becomes the `Killed`'s.
         Killed {
@@ -268,14 +268,14 @@ impl<T> Owner<T> {
     /// the engine and gives up the owner's unit; `self` must not be used
     /// afterwards.
     pub(super) fn let_go_deferred(&mut self, op: &'static str) {
-        self.kill_deferred(op);
+        self.start_kill(op);
         // SAFETY: the owner's unit, given up: nothing of `self` is used
         // after this.
         unsafe { drop_unit::<T>(self.inner.as_ptr().cast_const().cast()) };
     }
 
     /// Kills through the grace-period engine (see [`kill`](Self::kill)).
-    pub(super) fn kill_deferred(&self, op: &'static str) {
+    pub(super) fn start_kill(&self, op: &'static str) {
         // The ref is percpu, so the engine completes the kill; were it
         // atomic, the kill (and a release) would happen in the call, paid
         // for on the way out as after a put.
@@ -312,7 +312,7 @@ impl<T> Owner<T> {
         let inner = self.inner();
         sync::lock(&inner.state).claimed = true;
         let _settle = settle_guard();
-        match inner.pref.kill() {
+        match inner.pref.kill_sync() {
             Ok(()) => Ok(()),
             Err(e @ Error::GracePeriodFailed { .. }) => {
                 sync::lock(&inner.state).claimed = false;
@@ -487,7 +487,7 @@ impl<T> Drop for Owner<T> {
     /// grace-period engine, where dropping `T` does nothing.
     ///
     /// Otherwise the kill is synchronous (a grace period, as
-    /// [`PercpuRef::kill`]), and `T` is dropped by the thread that drops
+    /// [`PercpuRef::kill_sync`]), and `T` is dropped by the thread that drops
     /// the last [`Ref`], this one if there is none: `T` need not be `Send`
     /// or `'static`, so the engine thread must never drop it. If the kernel
     /// refuses that grace period the object is leaked instead (never

@@ -52,7 +52,7 @@ impl Confirm {
 /// let r = Box::pin(PercpuRef::new(|_| {}));
 /// let c = confirmed.clone();
 /// r.as_ref()
-///     .kill_and_confirm_deferred(move |_| c.store(true, Ordering::SeqCst))
+///     .kill_and_confirm(move |_| c.store(true, Ordering::SeqCst))
 ///     .unwrap();
 /// percpu_ref::flush();
 /// assert!(confirmed.load(Ordering::SeqCst));
@@ -87,7 +87,7 @@ impl PercpuRef {
     /// for it too.
     ///
     /// A ref already in atomic mode needs no grace period: it is killed on
-    /// the calling thread before this returns, as [`kill`](Self::kill).
+    /// the calling thread before this returns, as [`kill_sync`](Self::kill_sync).
     ///
     /// The sharded backend needs no grace period either (each shard is
     /// sealed by itself), but its deferred switches go through the engine
@@ -115,7 +115,7 @@ impl PercpuRef {
     /// let rel = released.clone();
     /// let r = Box::pin(PercpuRef::new(move |_| rel.store(true, Ordering::SeqCst)));
     /// r.get();
-    /// r.as_ref().kill_deferred().unwrap();
+    /// r.as_ref().kill().unwrap();
     /// assert!(r.is_dying() && !r.tryget_live()); // already, before any grace period
     /// percpu_ref::flush(); // the engine completed the kill, put the base reference
     /// assert_eq!(r.atomic_count(), Some(1));
@@ -129,17 +129,17 @@ impl PercpuRef {
     /// ```
     /// use percpu_ref::PercpuRef;
     /// let r = std::pin::pin!(PercpuRef::new(|_| {}));
-    /// r.as_ref().kill_deferred().unwrap();
-    /// assert!(r.as_ref().kill_deferred().is_err()); // already dead
+    /// r.as_ref().kill().unwrap();
+    /// assert!(r.as_ref().kill().is_err()); // already dead
     /// // Dropping `r` here waits for the engine if the kill is still pending.
     /// ```
     #[must_use = "an `Err` means this call killed nothing: the ref was already dead"]
-    pub fn kill_deferred(self: Pin<&Self>) -> Result<(), Error> {
+    pub fn kill(self: Pin<&Self>) -> Result<(), Error> {
         // SAFETY: pinned: the ref stays at this address until its `Drop`.
-        unsafe { Self::kill_deferred_raw(self.get_ref(), None, "kill_deferred") }
+        unsafe { Self::kill_deferred_raw(self.get_ref(), None, "kill") }
     }
 
-    /// As [`kill_deferred`](Self::kill_deferred), running `confirm` once the
+    /// As [`kill`](Self::kill), running `confirm` once the
     /// switch is complete (after the grace period, before the base and
     /// temporary references are put, so before any release): the kernel's
     /// `percpu_ref_kill_and_confirm`.
@@ -166,12 +166,12 @@ impl PercpuRef {
     /// let r = std::sync::Arc::pin(PercpuRef::new(|_| {}));
     /// let (tx, rx) = mpsc::channel();
     /// r.as_ref()
-    ///     .kill_and_confirm_deferred(move |r| tx.send(r.tryget_live()).unwrap())
+    ///     .kill_and_confirm(move |r| tx.send(r.tryget_live()).unwrap())
     ///     .unwrap();
     /// assert_eq!(rx.recv().unwrap(), false); // confirm ran on the engine thread
     /// ```
     #[must_use = "an `Err` means this call killed nothing and will not run `confirm`"]
-    pub fn kill_and_confirm_deferred(
+    pub fn kill_and_confirm(
         self: Pin<&Self>,
         confirm: impl FnOnce(&PercpuRef) + Send + 'static,
     ) -> Result<(), Error> {
@@ -180,16 +180,16 @@ impl PercpuRef {
             Self::kill_deferred_raw(
                 self.get_ref(),
                 Some(Confirm::new(confirm)),
-                "kill_and_confirm_deferred",
+                "kill_and_confirm",
             )
         }
     }
 
-    /// Switches to atomic mode (sticky, as [`switch_to_atomic`](Self::switch_to_atomic))
+    /// Switches to atomic mode (sticky, as [`switch_to_atomic_sync`](Self::switch_to_atomic_sync))
     /// without waiting for the grace period: returns at once with the ref in
     /// atomic mode for every new get and put; the engine folds the per-CPU
     /// counts in later. Pinning, waiting and the already-atomic case are as
-    /// for [`kill_deferred`](Self::kill_deferred).
+    /// for [`kill`](Self::kill).
     ///
     /// # Examples
     ///
@@ -197,20 +197,20 @@ impl PercpuRef {
     /// use percpu_ref::{InitFlags, PercpuRef};
     /// let r = Box::pin(PercpuRef::with_flags(|_| {}, InitFlags::ALLOW_REINIT));
     /// r.get();
-    /// r.as_ref().switch_to_atomic_deferred();
+    /// r.as_ref().switch_to_atomic();
     /// assert!(!r.is_percpu());
     /// r.switch_to_percpu().unwrap(); // waits for the pending switch first
     /// assert!(r.is_percpu());
     /// r.put();
     /// ```
-    pub fn switch_to_atomic_deferred(self: Pin<&Self>) {
+    pub fn switch_to_atomic(self: Pin<&Self>) {
         // SAFETY: pinned: the ref stays at this address until its `Drop`.
         unsafe { Self::switch_deferred_raw(self.get_ref(), None) }
     }
 
-    /// As [`switch_to_atomic_deferred`](Self::switch_to_atomic_deferred),
+    /// As [`switch_to_atomic`](Self::switch_to_atomic),
     /// running `confirm` once the switch is complete, on the engine thread
-    /// (same rules as for [`kill_and_confirm_deferred`](Self::kill_and_confirm_deferred)).
+    /// (same rules as for [`kill_and_confirm`](Self::kill_and_confirm)).
     ///
     /// # Examples
     ///
@@ -223,14 +223,14 @@ impl PercpuRef {
     /// let r = Box::pin(PercpuRef::new(|_| {}));
     /// r.get_many(4);
     /// let s = seen.clone();
-    /// r.as_ref().switch_to_atomic_and_confirm_deferred(move |r| {
+    /// r.as_ref().switch_to_atomic_and_confirm(move |r| {
     ///     s.store(r.atomic_count().unwrap(), Ordering::SeqCst)
     /// });
     /// percpu_ref::flush();
     /// assert_eq!(seen.load(Ordering::SeqCst), 6); // base + 4 + the temporary reference
     /// r.put_many(4);
     /// ```
-    pub fn switch_to_atomic_and_confirm_deferred(
+    pub fn switch_to_atomic_and_confirm(
         self: Pin<&Self>,
         confirm: impl FnOnce(&PercpuRef) + Send + 'static,
     ) {
@@ -249,7 +249,7 @@ impl PercpuRef {
     ///
     /// ```
     /// let r = Box::pin(percpu_ref::PercpuRef::new(|_| {}));
-    /// r.as_ref().kill_deferred().unwrap();
+    /// r.as_ref().kill().unwrap();
     /// percpu_ref::PercpuRef::flush();
     /// assert!(r.is_zero());
     /// ```
@@ -257,7 +257,7 @@ impl PercpuRef {
         flush();
     }
 
-    /// [`kill_and_confirm_deferred`](Self::kill_and_confirm_deferred)
+    /// [`kill_and_confirm`](Self::kill_and_confirm)
     /// through a pointer, for the crate's layers whose refs live at a stable
     /// address without a `Pin` (the owned layer's heap block, the css model).
     ///
@@ -291,7 +291,7 @@ impl PercpuRef {
         Ok(())
     }
 
-    /// [`switch_to_atomic_and_confirm_deferred`](Self::switch_to_atomic_and_confirm_deferred)
+    /// [`switch_to_atomic_and_confirm`](Self::switch_to_atomic_and_confirm)
     /// through a pointer.
     ///
     /// # Safety
@@ -300,7 +300,7 @@ impl PercpuRef {
     pub(crate) unsafe fn switch_deferred_raw(this: *const Self, confirm: Option<Confirm>) {
         // SAFETY: live (the caller's contract).
         let r = unsafe { &*this };
-        let mut g = r.lock_switch("switch_to_atomic_deferred");
+        let mut g = r.lock_switch("switch_to_atomic");
         g.state.force_atomic = true;
         let mode = r.mode();
         if mode & MODE_ATOMIC != 0 {
@@ -310,7 +310,7 @@ impl PercpuRef {
                 confirm_panic: confirm.and_then(|c| r.run_confirm(|r| c.call(r))),
             };
             let mut after = AfterUnlock::default();
-            r.finish_atomic_switch(&mut after, s, "switch_to_atomic_deferred", false);
+            r.finish_atomic_switch(&mut after, s, "switch_to_atomic", false);
             drop(g);
             r.run_after_unlock(after);
             return;
@@ -321,9 +321,9 @@ impl PercpuRef {
     }
 
     /// A deferred kill of a ref already in atomic mode: no grace period is
-    /// needed, so it completes here, as `kill_and_confirm` does.
+    /// needed, so it completes here, as `kill_and_confirm_sync` does.
     fn kill_already_atomic(&self, g: SwitchGuard<'_>, confirm: Option<Confirm>, op: &str) {
-        // ordering-audit: Relaxed: as in `kill_and_confirm`, DEAD publishes nothing.
+        // ordering-audit: Relaxed: as in `kill_and_confirm_sync`, DEAD publishes nothing.
         self.mode.store(self.mode() | MODE_DEAD, Ordering::Relaxed);
         let s = AtomicSwitch {
             temp_ref: false,
@@ -404,11 +404,7 @@ impl PercpuRef {
         // SAFETY: alive until the end (the caller's contract); `r` is not
         // used after `release` if the release dropped the ref.
         let r = unsafe { &*this };
-        let op = if kill {
-            "kill_deferred"
-        } else {
-            "switch_to_atomic_deferred"
-        };
+        let op = if kill { "kill" } else { "switch_to_atomic" };
         if kill && mutated!("engine_dead_late") {
             // ordering-audit: mutant only (engine_dead_late).
             r.mode.fetch_or(MODE_DEAD, Ordering::Relaxed);

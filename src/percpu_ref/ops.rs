@@ -236,7 +236,7 @@ impl PercpuRef {
     }
 
     /// Takes a reference unless the ref is dead (killed) or its count is
-    /// zero. Once a `kill_and_confirm`'s confirm has run, no `tryget_live`
+    /// zero. Once a `kill_and_confirm_sync`'s confirm has run, no `tryget_live`
     /// that starts afterwards on any thread succeeds.
     ///
     /// # Panics

@@ -14,9 +14,12 @@ use std::panic::{catch_unwind, resume_unwind, AssertUnwindSafe};
 impl PercpuRef {
     // ----- kill -------------------------------------------------------------
 
-    /// Kills the ref: no `tryget_live` succeeds any more, the ref switches to
-    /// atomic mode, and the base reference is dropped (releasing the ref if
-    /// it was the last one). Returns once the switch is complete.
+    /// Kills the ref and waits: no `tryget_live` succeeds any more, the ref
+    /// switches to atomic mode, and the base reference is dropped
+    /// (releasing the ref if it was the last one). Returns once the switch
+    /// is complete; [`kill`](Self::kill), the kernel's `percpu_ref_kill`,
+    /// returns at once and leaves the switch to the grace-period engine.
+    /// Needs no pinning: nothing keeps the ref's address after the call.
     ///
     /// # Errors
     ///
@@ -25,11 +28,11 @@ impl PercpuRef {
     /// Nothing changes on error.
     #[must_use = "an `Err` means this call killed nothing and dropped no reference (the ref was \
                   already dead, or the grace period was refused and the ref is unchanged)"]
-    pub fn kill(&self) -> Result<(), Error> {
-        self.kill_and_confirm(|_| {})
+    pub fn kill_sync(&self) -> Result<(), Error> {
+        self.kill_and_confirm_sync(|_| {})
     }
 
-    /// As [`kill`](Self::kill), running `confirm` once the ref is atomic and
+    /// As [`kill_sync`](Self::kill_sync), running `confirm` once the ref is atomic and
     /// no `tryget_live` can succeed; `release` (if due) runs after it.
     ///
     /// `confirm` runs on the calling thread before this returns, with the
@@ -54,24 +57,24 @@ impl PercpuRef {
     /// ```
     /// use percpu_ref::PercpuRef;
     /// let r = PercpuRef::new(|_| {});
-    /// r.kill_and_confirm(|r| assert!(!r.tryget_live())).unwrap();
-    /// assert!(r.kill().is_err());
+    /// r.kill_and_confirm_sync(|r| assert!(!r.tryget_live())).unwrap();
+    /// assert!(r.kill_sync().is_err());
     /// ```
     #[must_use = "an `Err` means this call killed nothing, dropped no reference and did not run \
                   `confirm` (the ref was already dead, or the grace period was refused)"]
-    pub fn kill_and_confirm(&self, confirm: impl FnOnce(&PercpuRef)) -> Result<(), Error> {
-        let mut g = self.lock_switch("kill_and_confirm");
+    pub fn kill_and_confirm_sync(&self, confirm: impl FnOnce(&PercpuRef)) -> Result<(), Error> {
+        let mut g = self.lock_switch("kill_and_confirm_sync");
         let mode = self.mode();
         if mode & MODE_DEAD != 0 {
             return Err(Error::AlreadyDead {
-                op: "kill_and_confirm",
+                op: "kill_and_confirm_sync",
             });
         }
         let mut after = AfterUnlock::default();
         // mutant base_put_first: drop the base reference before switching.
         let base_put_first = mutated!("base_put_first");
         if base_put_first {
-            self.put_locked(&mut after, "kill_and_confirm (base reference)");
+            self.put_locked(&mut after, "kill_and_confirm_sync (base reference)");
         }
         // mutant dead_after_confirm: mark dead only once confirm has run.
         let dead_first = !mutated!("dead_after_confirm");
@@ -83,12 +86,13 @@ impl PercpuRef {
             // either way, as in the kernel.
             self.mode.store(mode | MODE_DEAD, Ordering::Relaxed);
         }
-        let switch = self.switch_to_atomic_locked(&mut g, confirm, mode, "kill_and_confirm")?;
+        let switch =
+            self.switch_to_atomic_locked(&mut g, confirm, mode, "kill_and_confirm_sync")?;
         if !dead_first {
             // ordering-audit: mutant only (dead_after_confirm): never runs in a real build.
             self.mode.store(self.mode() | MODE_DEAD, Ordering::Relaxed);
         }
-        self.finish_atomic_switch(&mut after, switch, "kill_and_confirm", !base_put_first);
+        self.finish_atomic_switch(&mut after, switch, "kill_and_confirm_sync", !base_put_first);
         drop(g);
         self.run_after_unlock(after);
         Ok(())
@@ -102,7 +106,7 @@ impl PercpuRef {
     ///
     /// # Panics
     ///
-    /// As [`switch_to_atomic_and_confirm`](Self::switch_to_atomic_and_confirm).
+    /// As [`switch_to_atomic_and_confirm_sync`](Self::switch_to_atomic_and_confirm_sync).
     ///
     /// # Examples
     ///
@@ -110,29 +114,19 @@ impl PercpuRef {
     /// use percpu_ref::{InitFlags, PercpuRef};
     /// let r = PercpuRef::with_flags(|_| {}, InitFlags::ALLOW_REINIT);
     /// r.get();
-    /// r.switch_to_atomic();
+    /// r.switch_to_atomic_sync();
     /// assert_eq!(r.atomic_count(), Some(2));
     /// r.switch_to_percpu().unwrap();
     /// assert!(r.is_percpu());
     /// ```
-    pub fn switch_to_atomic(&self) {
-        self.switch_to_atomic_and_confirm(|_| {});
-    }
-
-    /// The kernel's name for [`switch_to_atomic`](Self::switch_to_atomic),
-    /// which already waits for the switch to complete.
-    ///
-    /// # Panics
-    ///
-    /// As [`switch_to_atomic_and_confirm`](Self::switch_to_atomic_and_confirm).
     pub fn switch_to_atomic_sync(&self) {
-        self.switch_to_atomic();
+        self.switch_to_atomic_and_confirm_sync(|_| {});
     }
 
-    /// As [`switch_to_atomic`](Self::switch_to_atomic), running `confirm`
+    /// As [`switch_to_atomic_sync`](Self::switch_to_atomic_sync), running `confirm`
     /// once the switch is complete (immediately if already atomic), as the
     /// kernel's `percpu_ref_switch_to_atomic(ref, confirm)`. Same rules for
-    /// `confirm` as [`kill_and_confirm`](Self::kill_and_confirm).
+    /// `confirm` as [`kill_and_confirm_sync`](Self::kill_and_confirm_sync).
     ///
     /// # Panics
     ///
@@ -140,20 +134,21 @@ impl PercpuRef {
     /// the fold finds, and if the kernel refused the grace period: the
     /// switch is then undone first, so the ref is exactly as it was, and
     /// `confirm` has not run.
-    pub fn switch_to_atomic_and_confirm(&self, confirm: impl FnOnce(&PercpuRef)) {
-        let mut g = self.lock_switch("switch_to_atomic");
+    pub fn switch_to_atomic_and_confirm_sync(&self, confirm: impl FnOnce(&PercpuRef)) {
+        let mut g = self.lock_switch("switch_to_atomic_sync");
         let was_forced = std::mem::replace(&mut g.state.force_atomic, true);
         let mode = self.mode();
-        let switch = match self.switch_to_atomic_locked(&mut g, confirm, mode, "switch_to_atomic") {
-            Ok(s) => s,
-            Err(e) => {
-                g.state.force_atomic = was_forced;
-                drop(g);
-                panic!("{e}");
-            }
-        };
+        let switch =
+            match self.switch_to_atomic_locked(&mut g, confirm, mode, "switch_to_atomic_sync") {
+                Ok(s) => s,
+                Err(e) => {
+                    g.state.force_atomic = was_forced;
+                    drop(g);
+                    panic!("{e}");
+                }
+            };
         let mut after = AfterUnlock::default();
-        self.finish_atomic_switch(&mut after, switch, "switch_to_atomic", false);
+        self.finish_atomic_switch(&mut after, switch, "switch_to_atomic_sync", false);
         drop(g);
         self.run_after_unlock(after);
     }
@@ -174,7 +169,7 @@ impl PercpuRef {
     /// ```
     /// use percpu_ref::{Error, InitFlags, PercpuRef};
     /// let r = PercpuRef::with_flags(|_| {}, InitFlags::ALLOW_REINIT);
-    /// r.switch_to_atomic();
+    /// r.switch_to_atomic_sync();
     /// r.put(); // the last reference: released
     /// assert!(matches!(r.switch_to_percpu(), Err(Error::Released { .. })));
     /// assert!(!r.tryget());
@@ -222,7 +217,7 @@ impl PercpuRef {
     /// use percpu_ref::{InitFlags, PercpuRef};
     /// let r = PercpuRef::with_flags(|_| {}, InitFlags::ALLOW_REINIT);
     /// r.get();
-    /// r.kill().unwrap();
+    /// r.kill_sync().unwrap();
     /// r.resurrect().unwrap();
     /// assert!(r.tryget_live() && r.is_percpu());
     /// ```
