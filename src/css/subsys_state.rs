@@ -804,7 +804,7 @@ pub(crate) fn kill_css(p: CssPtr) {
     // which the engine's temporary reference prevents while the kill is
     // queued.
     let killed = unsafe {
-        PercpuRef::kill_deferred_raw(
+        PercpuRef::kill_raw(
             std::ptr::addr_of!((*p.as_ptr()).refcnt),
             Some(Confirm::new(move |_| css_killed_ref_fn(p))),
             "kill_css",

@@ -285,7 +285,7 @@ impl<T> Owner<T> {
         // `Drop` then waits for the engine (`block.rs`, *The grace-period
         // engine*).
         let killed = unsafe {
-            PercpuRef::kill_deferred_raw(std::ptr::addr_of!((*self.inner.as_ptr()).pref), None, op)
+            PercpuRef::kill_raw(std::ptr::addr_of!((*self.inner.as_ptr()).pref), None, op)
         };
         if let Err(e) = killed {
             unreachable!("{op}: a live owner's ref was dead: {e}");

@@ -136,7 +136,7 @@ impl PercpuRef {
     #[must_use = "an `Err` means this call killed nothing: the ref was already dead"]
     pub fn kill(self: Pin<&Self>) -> Result<(), Error> {
         // SAFETY: pinned: the ref stays at this address until its `Drop`.
-        unsafe { Self::kill_deferred_raw(self.get_ref(), None, "kill") }
+        unsafe { Self::kill_raw(self.get_ref(), None, "kill") }
     }
 
     /// As [`kill`](Self::kill), running `confirm` once the
@@ -177,7 +177,7 @@ impl PercpuRef {
     ) -> Result<(), Error> {
         // SAFETY: pinned: the ref stays at this address until its `Drop`.
         unsafe {
-            Self::kill_deferred_raw(
+            Self::kill_raw(
                 self.get_ref(),
                 Some(Confirm::new(confirm)),
                 "kill_and_confirm",
@@ -205,7 +205,7 @@ impl PercpuRef {
     /// ```
     pub fn switch_to_atomic(self: Pin<&Self>) {
         // SAFETY: pinned: the ref stays at this address until its `Drop`.
-        unsafe { Self::switch_deferred_raw(self.get_ref(), None) }
+        unsafe { Self::switch_raw(self.get_ref(), None) }
     }
 
     /// As [`switch_to_atomic`](Self::switch_to_atomic),
@@ -235,26 +235,7 @@ impl PercpuRef {
         confirm: impl FnOnce(&PercpuRef) + Send + 'static,
     ) {
         // SAFETY: pinned: the ref stays at this address until its `Drop`.
-        unsafe { Self::switch_deferred_raw(self.get_ref(), Some(Confirm::new(confirm))) }
-    }
-
-    /// Waits until every deferred switch queued before the call has
-    /// completed; the same as [`percpu_ref::flush`](crate::flush).
-    ///
-    /// # Panics
-    ///
-    /// As [`flush`](crate::flush).
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// let r = Box::pin(percpu_ref::PercpuRef::new(|_| {}));
-    /// r.as_ref().kill().unwrap();
-    /// percpu_ref::PercpuRef::flush();
-    /// assert!(r.is_zero());
-    /// ```
-    pub fn flush() {
-        flush();
+        unsafe { Self::switch_raw(self.get_ref(), Some(Confirm::new(confirm))) }
     }
 
     /// [`kill_and_confirm`](Self::kill_and_confirm)
@@ -266,7 +247,7 @@ impl PercpuRef {
     /// `this` points to a live `PercpuRef` that does not move until it is
     /// dropped (its `Drop` then waits for the engine), as `Pin` would
     /// guarantee.
-    pub(crate) unsafe fn kill_deferred_raw(
+    pub(crate) unsafe fn kill_raw(
         this: *const Self,
         confirm: Option<Confirm>,
         op: &'static str,
@@ -296,8 +277,8 @@ impl PercpuRef {
     ///
     /// # Safety
     ///
-    /// As [`kill_deferred_raw`](Self::kill_deferred_raw).
-    pub(crate) unsafe fn switch_deferred_raw(this: *const Self, confirm: Option<Confirm>) {
+    /// As [`kill_raw`](Self::kill_raw).
+    pub(crate) unsafe fn switch_raw(this: *const Self, confirm: Option<Confirm>) {
         // SAFETY: live (the caller's contract).
         let r = unsafe { &*this };
         let mut g = r.lock_switch("switch_to_atomic");
