@@ -154,7 +154,7 @@
 //! invariants) is in the source: `src/owned/block.rs`.
 
 #[cfg(doc)]
-use crate::PercpuRef;
+use crate::percpu_ref::PercpuRef;
 use std::panic::{RefUnwindSafe, UnwindSafe};
 
 mod block;
