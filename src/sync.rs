@@ -7,10 +7,11 @@
 //!
 //! State that loom must *not* model is imported from [`unmodeled`]
 //! instead, which is always std's: diagnostics that are not part of the
-//! protocol (who holds a switch lock, to turn re-entry into a panic),
-//! process-wide choices made once (the backend, the rseq registration),
-//! the per-CPU arena and thread ids (not built under loom: the models
-//! count on a boxed slice), the fork handlers' flags, and test counters.
+//! protocol (who holds a switch lock or the css model's cgroup mutex, to
+//! turn re-entry into a panic), process-wide choices made once (the
+//! backend, the rseq registration), ids handed out (hierarchies), the
+//! per-CPU arena and thread ids (not built under loom: the models count
+//! on a boxed slice), the fork handlers' flags, and test counters.
 //! The import names the choice, so a reader (and a reviewer of a new
 //! atomic) sees at the `use` line whether loom checks it.
 

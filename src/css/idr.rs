@@ -13,13 +13,16 @@
 //! Writers (`alloc`, `publish`, `unpublish`, `remove`) run under the
 //! hierarchy's `cgroup_mutex`; the allocation state has its own lock only
 //! to keep the type self-contained.
+//!
+//! A leaf of the css model (it names no other file of it): the table holds
+//! pointers of any type, so that `Inner` in `graph.rs` can keep one per
+//! subsystem of `Css` pointers without this file naming `Css`.
 
-use super::subsys_state::Css;
 use crate::sync::{self, AtomicPtr, Mutex, Ordering};
 use std::ptr;
 
-pub(crate) struct Idr {
-    slots: Box<[AtomicPtr<Css>]>,
+pub(crate) struct Idr<T> {
+    slots: Box<[AtomicPtr<T>]>,
     alloc: Mutex<IdAlloc>,
 }
 
@@ -32,22 +35,22 @@ struct IdAlloc {
 /// `n` null slots, from one zeroed allocation (a loop of `AtomicPtr::new`
 /// over the default 65536 slots takes seconds under Miri).
 #[cfg(not(percpu_ref_loom))]
-fn null_slots(n: usize) -> Box<[AtomicPtr<Css>]> {
+fn null_slots<T>(n: usize) -> Box<[AtomicPtr<T>]> {
     use std::alloc::{alloc_zeroed, handle_alloc_error, Layout};
     assert!(n > 0);
-    let layout = Layout::array::<AtomicPtr<Css>>(n).expect("css idr: table too large");
+    let layout = Layout::array::<AtomicPtr<T>>(n).expect("css idr: table too large");
     #[allow(
         clippy::cast_ptr_alignment,
         reason = "`layout` is the array's, so the allocation has `AtomicPtr`'s alignment"
     )]
     // SAFETY: `layout` has a non-zero size (`n > 0`, and `AtomicPtr` is not
     // zero-sized).
-    let p = unsafe { alloc_zeroed(layout) }.cast::<AtomicPtr<Css>>();
+    let p = unsafe { alloc_zeroed(layout) }.cast::<AtomicPtr<T>>();
     if p.is_null() {
         handle_alloc_error(layout);
     }
     // SAFETY: `p` is a fresh allocation of the global allocator with the
-    // layout of `[AtomicPtr<Css>; n]`, as `Box` expects; `AtomicPtr<T>` has
+    // layout of `[AtomicPtr<T>; n]`, as `Box` expects; `AtomicPtr<T>` has
     // the in-memory representation of `*mut T`, and all-zero bits are the
     // null pointer, so every element is a valid `AtomicPtr`.
     unsafe { Box::from_raw(ptr::slice_from_raw_parts_mut(p, n)) }
@@ -55,16 +58,16 @@ fn null_slots(n: usize) -> Box<[AtomicPtr<Css>]> {
 
 /// loom's `AtomicPtr` is a tracked object, not plain memory.
 #[cfg(percpu_ref_loom)]
-fn null_slots(n: usize) -> Box<[AtomicPtr<Css>]> {
+fn null_slots<T>(n: usize) -> Box<[AtomicPtr<T>]> {
     (0..n).map(|_| AtomicPtr::new(ptr::null_mut())).collect()
 }
 
-impl Idr {
+impl<T> Idr<T> {
     /// A table for ids `1..capacity`.
     ///
     /// `capacity` is at most 2^32 (ids are `u32`): `Hierarchy::with_options`
     /// refuses a larger `max_css_ids`, naming it, before making any table.
-    pub(crate) fn new(capacity: usize) -> Idr {
+    pub(crate) fn new(capacity: usize) -> Idr<T> {
         let capacity = capacity.max(2);
         Idr {
             slots: null_slots(capacity),
@@ -94,7 +97,7 @@ impl Idr {
     }
 
     /// Makes `css` visible to lookups under `id`.
-    pub(crate) fn publish(&self, id: u32, css: *mut Css) {
+    pub(crate) fn publish(&self, id: u32, css: *mut T) {
         // ordering-audit: Release (rcu_assign_pointer): publishes the css to
         // `css_from_id`, which may race mkdir (loom_css/mkdir_vs_css_from_id).
         // mutant idr_publish_relaxed: publish the css without release.
@@ -123,7 +126,7 @@ impl Idr {
 
     /// The css published under `id`, or null. The caller must be inside an
     /// RCU read section to dereference the result.
-    pub(crate) fn find(&self, id: u32) -> *mut Css {
+    pub(crate) fn find(&self, id: u32) -> *mut T {
         match self.slots.get(id as usize) {
             // ordering-audit: Acquire (rcu_dereference): pairs with `publish`.
             Some(slot) => slot.load(Ordering::Acquire),

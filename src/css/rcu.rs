@@ -9,7 +9,7 @@
 //! crossbeam-epoch cannot run under loom, so under `cfg(loom)` a read
 //! section is a no-op token and the hierarchy keeps grace-period work in a
 //! list that only `Hierarchy::flush` moves to the destroy queue (see
-//! `hierarchy.rs`). The loom models therefore check the refcount, offline
+//! `destroy.rs`). The loom models therefore check the refcount, offline
 //! and release ordering, and free only after their threads joined; the
 //! grace period itself is crossbeam-epoch's, tested by crossbeam.
 

@@ -8,10 +8,18 @@
 //! [`Pages`] are memcg-style charges: each charged page holds one reference
 //! on the css it is charged to, so a removed cgroup's css stays (offline)
 //! until its last page is uncharged or moved away.
+//!
+//! The top layer of the css model: [`Hierarchy::spawn`] and
+//! [`Hierarchy::attach`] are here, beside the task they make and move, on
+//! the hierarchy's API (`hierarchy.rs`) and the references (`refs.rs`).
 
-use super::hierarchy::Cgroup;
-use super::subsys::CallbackPanics;
-use super::subsys_state::{css_put, Css, CssPtr, CssRef};
+use super::destroy::css_put;
+use super::error::CgroupError;
+use super::graph::{Cgroup, Css, CssPtr};
+use super::hierarchy::Hierarchy;
+use super::panics::CallbackPanics;
+use super::refs::CssRef;
+use crate::sync::Ordering;
 use arc_swap::ArcSwap;
 use std::fmt;
 use std::sync::Arc;
@@ -23,7 +31,7 @@ pub struct CssSet {
 }
 
 impl CssSet {
-    pub(crate) fn new(cgroup: Cgroup, csses: Vec<CssRef>) -> CssSet {
+    fn new(cgroup: Cgroup, csses: Vec<CssRef>) -> CssSet {
         CssSet { cgroup, csses }
     }
 
@@ -86,18 +94,18 @@ pub struct Task {
 }
 
 impl Task {
-    pub(crate) fn new(hid: u64, set: Arc<CssSet>) -> Task {
+    fn new(hid: u64, set: Arc<CssSet>) -> Task {
         Task {
             hid,
             cgroups: ArcSwap::new(set),
         }
     }
 
-    pub(crate) fn hid(&self) -> u64 {
+    fn hid(&self) -> u64 {
         self.hid
     }
 
-    pub(crate) fn swap_css_set(&self, set: Arc<CssSet>) -> Arc<CssSet> {
+    fn swap_css_set(&self, set: Arc<CssSet>) -> Arc<CssSet> {
         self.cgroups.swap(set)
     }
 
@@ -141,7 +149,7 @@ impl Drop for Task {
         // ordering-audit: Relaxed: a statistic; no memory is handed over through it.
         set.cgroup()
             .nr_tasks_counter()
-            .fetch_sub(1, crate::sync::Ordering::Relaxed);
+            .fetch_sub(1, Ordering::Relaxed);
     }
 }
 
@@ -242,7 +250,7 @@ impl Pages {
 
     /// Charges `n` pages to `task`'s css of subsystem `ssid` (the page
     /// fault path: read `task->cgroups`, `css_get` under it).
-    pub fn charge_task(&mut self, task: &super::Task, ssid: usize, n: usize) {
+    pub fn charge_task(&mut self, task: &Task, ssid: usize, n: usize) {
         let set = task.css_set();
         self.charge(set.css(ssid), n);
     }
@@ -325,5 +333,95 @@ impl Drop for Pages {
 impl fmt::Debug for Pages {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Pages").field("len", &self.len()).finish()
+    }
+}
+
+// `spawn` and `attach` are the hierarchy's, but they make and move tasks:
+// here, the hierarchy's API needs no word of tasks, and what a task is
+// stays private to this file.
+impl Hierarchy {
+    /// Makes a task in `cg` (its `css_set` takes a reference on each css).
+    ///
+    /// # Errors
+    ///
+    /// [`CgroupError::Removed`] if `cg` was removed;
+    /// [`CgroupError::WrongHierarchy`].
+    ///
+    /// # Panics
+    ///
+    /// If called from a subsystem callback of this hierarchy (this thread
+    /// holds `cgroup_mutex`: it would deadlock), and with the first panic
+    /// of a subsystem callback that the step ran, once the step is complete
+    /// (see [`Subsys`](super::Subsys), *Panics in callbacks*).
+    pub fn spawn(&self, cg: &Cgroup) -> Result<Task, CgroupError> {
+        let inner = &self.inner;
+        self.check("spawn", cg)?;
+        inner.locked("spawn", |_| {
+            let set = Self::css_set_locked("spawn", cg)?;
+            // ordering-audit: Relaxed: a statistic; no memory is handed over through it.
+            cg.node.nr_tasks.fetch_add(1, Ordering::Relaxed);
+            Ok(Task::new(inner.hid, set))
+        })
+    }
+
+    /// `cgroup_attach_task`: moves `task` to `cg`, swapping its `css_set`
+    /// (readers holding the old set keep its references until they drop
+    /// it).
+    ///
+    /// # Errors
+    ///
+    /// [`CgroupError::Removed`] if `cg` was removed;
+    /// [`CgroupError::WrongHierarchy`].
+    ///
+    /// # Panics
+    ///
+    /// If called from a subsystem callback of this hierarchy (this thread
+    /// holds `cgroup_mutex`: it would deadlock), and with the first panic
+    /// of a subsystem callback that the step ran, once the step is complete
+    /// (see [`Subsys`](super::Subsys), *Panics in callbacks*).
+    pub fn attach(&self, task: &Task, cg: &Cgroup) -> Result<(), CgroupError> {
+        let inner = &self.inner;
+        self.check("attach", cg)?;
+        if task.hid() != inner.hid {
+            return Err(CgroupError::WrongHierarchy {
+                op: "attach",
+                path: task.cgroup().path().to_string(),
+            });
+        }
+        let old = inner.locked("attach", |_| {
+            let set = Self::css_set_locked("attach", cg)?;
+            // ordering-audit: Relaxed: a statistic; no memory is handed over through it.
+            cg.node.nr_tasks.fetch_add(1, Ordering::Relaxed);
+            let old = task.swap_css_set(set);
+            // ordering-audit: Relaxed: a statistic; no memory is handed over through it.
+            old.cgroup()
+                .nr_tasks_counter()
+                .fetch_sub(1, Ordering::Relaxed);
+            Ok(old)
+        })?;
+        drop(old); // puts the old csses, outside the mutex
+        Ok(())
+    }
+
+    fn css_set_locked(op: &'static str, cg: &Cgroup) -> Result<Arc<CssSet>, CgroupError> {
+        if !cg.is_online() {
+            return Err(CgroupError::Removed {
+                op,
+                path: cg.path().to_string(),
+            });
+        }
+        let csses = cg
+            .node
+            .subsys
+            .iter()
+            .map(|slot| {
+                // ordering-audit: Relaxed: the slot is written under cgroup_mutex, which we hold.
+                let p = CssPtr::from_raw(slot.load(Ordering::Relaxed))
+                    .expect("an online cgroup has an online css per subsystem");
+                // SAFETY: online under cgroup_mutex: the base reference is held.
+                unsafe { p.get() }.get()
+            })
+            .collect();
+        Ok(Arc::new(CssSet::new(cg.clone(), csses)))
     }
 }
