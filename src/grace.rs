@@ -88,6 +88,8 @@ mod engine;
 #[cfg(all(unix, not(miri), not(percpu_ref_loom)))]
 mod fork;
 
+#[cfg(miri)]
+use engine::join_idle_engine;
 #[cfg(not(percpu_ref_loom))]
 use engine::{complete_refused, start_engine};
 #[cfg(all(unix, not(miri), not(percpu_ref_loom)))]

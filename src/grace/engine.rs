@@ -29,7 +29,9 @@ use super::{
     complete_batch, complete_standing_in, engine, take_batch, Batch, Queue, BATCH_DELAY,
     BATCH_FULL, ON_ENGINE,
 };
-use crate::sync::{self, AtomicBool, Ordering};
+use crate::sync;
+#[cfg(all(unix, not(miri)))]
+use crate::sync::{AtomicBool, Ordering};
 
 /// Starts the engine thread (queue lock held). If the system refuses a
 /// thread, it takes the queue and returns it, for the caller to complete
@@ -203,7 +205,7 @@ fn wait_for_batch() -> Option<Batch> {
 /// Under Miri: once the queue is empty, waits for the engine thread to end
 /// and joins it (see [`wait_for_batch`]).
 #[cfg(miri)]
-fn join_idle_engine(e: &Engine) {
+pub(super) fn join_idle_engine(e: &Engine) {
     loop {
         let mut q = sync::lock(&e.queue);
         if !q.entries.is_empty() {
