@@ -1,2 +1,0 @@
-//! Runs the README's examples as doctests.
-#![doc = include_str!("../README.md")]
