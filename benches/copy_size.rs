@@ -1,9 +1,10 @@
-//! criterion version of the copy-size matrix (`examples/copy_size_table`):
-//! threads pinned one per CPU loop on get, memcpy of `size` bytes, put, on
-//! one shared object; "atomic" is an `AtomicUsize`, "percpu" a `PercpuRef`
-//! on the process default backend (and on the sharded backend too when the
-//! default is another one), and "floor" the same loop with no counting, so
-//! that each counter's cost is its time above the floor.
+//! criterion version of the copy-size matrix (the `copy_size_table`
+//! program of tools/): threads pinned one per CPU loop on get, memcpy of
+//! `size` bytes, put, on one shared object; "atomic" is an `AtomicUsize`,
+//! "percpu" a `PercpuRef` on the process default backend (and on the
+//! sharded backend too when the default is another one), and "floor" the
+//! same loop with no counting, so that each counter's cost is its time
+//! above the floor.
 //!
 //! Each criterion iteration is one loop on *every* thread, timed with
 //! `iter_custom` as the slowest thread's busy time, and the throughput is

@@ -269,7 +269,7 @@ pub fn index() -> Option<Index> {
 
 /// The calling thread's id under [`index`] at this moment (its `mm_cid` or
 /// its CPU), or `None` where the rseq backend is not available. A
-/// diagnostic (the `footprint` example counts the distinct ids its
+/// diagnostic (the `footprint` program counts the distinct ids its
 /// threads had): the kernel may change it as soon as it is read.
 ///
 /// # Examples

@@ -1,5 +1,6 @@
 //! Which CPUs this process may run on, and pinning a thread to one: shared
-//! by the benchmarks and the copy-size example (included with `#[path]`).
+//! by the benchmarks, a test and the measurement programs of tools/
+//! (included with `#[path]`).
 //! Off Linux there is no affinity API: every CPU is allowed and threads
 //! float.
 

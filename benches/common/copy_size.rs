@@ -1,5 +1,6 @@
-//! The copy-size measurement, shared by `examples/copy_size_table` and
-//! `benches/copy_size.rs` (both include this file with `#[path]`).
+//! The copy-size measurement, shared by the `copy_size_table` program
+//! (`tools/src/bin/copy_size_table/`) and `benches/copy_size.rs` (both
+//! include this file with `#[path]`; `benches/ops.rs` uses its counters).
 //!
 //! It reproduces the loop the kernel used in 2013 to justify converting
 //! cgroup css refcounts to `percpu_ref`: every thread, pinned to its own

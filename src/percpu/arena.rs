@@ -22,8 +22,8 @@
 //! dropped ref's slot (zeroed) is kept for the next ref. A process that
 //! once held a million refs on 2 CPUs keeps their 16 MB of counters, plus
 //! 4 bytes per free slot in the pool's free list, and a new million refs
-//! reuse them without growing (`cargo run --release --example footprint`
-//! measures both). Pages of a region that no CPU has written since the
+//! reuse them without growing (`cargo run --release -p percpu-ref-tools
+//! --bin footprint` measures both). Pages of a region that no CPU has written since the
 //! chunk was mapped are never backed, so a CPU that never runs a user of a
 //! ref costs nothing. The kernel's percpu allocator can free an empty
 //! chunk; this arena does not: a chunk's free slots are spread over the
@@ -106,7 +106,7 @@ pub(crate) const REGION_SHIFT: u32 = 16;
 /// not memory; what it saves is bookkeeping: one chunk pointer per 8192
 /// refs instead of per 512 (at 4 KiB regions the chunk table alone added
 /// 0.016 B per ref, enough to put a million refs over the 8 B × CPUs + 64 B
-/// budget that `examples/footprint.rs` checks).
+/// budget that `tools/src/bin/footprint/` checks).
 pub(crate) const REGION: usize = 1 << REGION_SHIFT;
 /// The alignment a chunk needs: a page at most (what `mmap` gives), not a
 /// region. Counters need only 8-byte alignment, and counters of different
@@ -326,7 +326,7 @@ fn map_chunk() -> NonNull<u8> {
 /// is kept by the mapping, so khugepaged honours it too. A refusal (a
 /// kernel without THP) changes nothing: the pages are small already.
 ///
-/// For measuring what huge pages change (the `footprint` example, in
+/// For measuring what huge pages change (the `footprint` program, in
 /// guests and here), `PERCPU_REF_ARENA_THP` chooses another advice, read
 /// once, before the first chunk: `system` gives none (the system's policy
 /// decides), `always` gives `MADV_HUGEPAGE` (huge pages where the policy

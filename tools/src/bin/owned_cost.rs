@@ -5,12 +5,12 @@
 //! their code can be compared:
 //!
 //! ```text
-//! cargo build --release --example owned_cost
-//! objdump -d --no-show-raw-insn target/release/examples/owned_cost \
+//! cargo build --release -p percpu-ref-tools --bin owned_cost
+//! objdump -d --no-show-raw-insn target/release/owned_cost \
 //!     | awk '/<owned_cost_(ref_clone|raw_get|ref_drop|raw_put)>:/,/^$/'
 //! ```
 //!
-//! Run: `cargo run --release --example owned_cost [iterations]`
+//! Run: `cargo run --release -p percpu-ref-tools --bin owned_cost [iterations]`
 
 use percpu_ref::owned::{Owner, Ref};
 use percpu_ref::PercpuRef;

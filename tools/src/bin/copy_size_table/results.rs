@@ -231,7 +231,7 @@ impl Results {
         })
     }
 
-    /// Whether the floor was measured (every run of the example measures
+    /// Whether the floor was measured (every run of the program measures
     /// it; a matrix built without it prints no overhead columns).
     pub fn has_floor(&self) -> bool {
         self.kinds.contains(&Kind::None)

@@ -36,7 +36,7 @@ const MAX_SIZE: usize = 1 << 24;
 #[command(
     name = "copy_size_table",
     verbatim_doc_comment,
-    override_usage = "cargo run --release --example copy_size_table -- [OPTIONS]",
+    override_usage = "cargo run --release -p percpu-ref-tools --bin copy_size_table -- [OPTIONS]",
     // The hand-written parser let a repeated option replace the earlier
     // value; scripts may rely on appending an override.
     args_override_self = true,

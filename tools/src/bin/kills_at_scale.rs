@@ -1,6 +1,6 @@
-//! Kills at scale (issue 12): what a stream of kills costs the killing
+//! Kills at scale: what a stream of kills costs the killing
 //! thread and the other CPUs, synchronous against deferred, in one run:
-//! `cargo run --release --example kills_at_scale [-- --help]`.
+//! `cargo run --release -p percpu-ref-tools --bin kills_at_scale [-- --help]`.
 //!
 //! One thread (the *killer*, pinned to the first allowed CPU) kills
 //! `--kills` refs one after another while a second thread (the *busy*
@@ -17,7 +17,7 @@
 //! - **`Owner` drop**: dropping `--kills` `Owner<u64>`s (each drop is a
 //!   deferred kill; the value is dropped when the engine puts the last
 //!   reference), then `flush`, beside dropping as many `Arc<u64>`s and
-//!   beside what an `Owner` drop did before issue 12: a synchronous kill,
+//!   beside an `Owner` drop done synchronously: a synchronous kill,
 //!   then the free (`Box<PercpuRef>` killed and dropped).
 //! - **two killers**: two threads, one per CPU, each doing `--kills / 2`
 //!   synchronous kills at once (no busy thread): concurrent synchronous
@@ -43,7 +43,7 @@
 //! and the busy share mostly measures the scheduler. Timings are as noisy
 //! as the machine.
 
-#[path = "../benches/common/affinity.rs"]
+#[path = "../../../benches/common/affinity.rs"]
 mod affinity;
 use clap::builder::RangedU64ValueParser;
 use clap::Parser;
@@ -57,7 +57,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::Relaxed};
 use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
 
-/// The issue's targets.
+/// The targets.
 const DEFERRED_RATE_TARGET: f64 = 5_000_000.0;
 const GP_PER_1000_TARGET: f64 = 1.0;
 const BUSY_SHARE_TARGET: f64 = 0.95;
@@ -65,12 +65,12 @@ const OWNER_SPEEDUP_TARGET: f64 = 20.0;
 
 /// kills_at_scale: synchronous against deferred kills, with another CPU busy.
 ///
-/// Prints one markdown table of medians with the targets of issue 12.
+/// Prints one markdown table of medians with its targets.
 #[derive(Parser, Debug)]
 #[command(
     name = "kills_at_scale",
     verbatim_doc_comment,
-    override_usage = "cargo run --release --example kills_at_scale -- [OPTIONS]",
+    override_usage = "cargo run --release -p percpu-ref-tools --bin kills_at_scale -- [OPTIONS]",
     after_help = "Progress goes to stderr. Exit status 2 means a bad option."
 )]
 struct Args {
@@ -298,7 +298,7 @@ const ROWS: [&str; 6] = [
     "`kill_sync`",
     "`kill`, then `flush`",
     "drop `Owner<u64>`, then `flush`",
-    "before issue 12's `Owner` drop: `kill_sync`, then free",
+    "`Owner` drop done synchronously: `kill_sync`, then free",
     "drop `Arc<u64>`",
     "two threads, `kill_sync`, at once",
 ];
@@ -337,8 +337,8 @@ fn measure(args: &Args) -> (Vec<Vec<Sample>>, Vec<Vec<f64>>, Vec<usize>) {
     (samples, latency, cpus)
 }
 
-/// What `Owner::drop` did before issue 12: a synchronous kill, then the
-/// free.
+/// An `Owner::drop` done synchronously: a synchronous kill, then the
+/// free (the baseline of the deferred drop's speed-up).
 struct OldOwnerDrop(Pin<Box<PercpuRef>>);
 
 impl Drop for OldOwnerDrop {
@@ -402,12 +402,12 @@ fn report(args: &Args, samples: &[Vec<Sample>], latency: &[Vec<f64>], cpus: &[us
     let two_gps = med(5, |s| s.grace_periods as f64);
     let _ = writeln!(
         w,
-        "\nTargets (issue 12):\n\n\
+        "\nTargets:\n\n\
          | target | measured | met |\n|---|--:|:-:|\n\
          | deferred kills ≥ 5 M/s on the killing thread | {:.2} M/s | {} |\n\
          | ≤ 1 grace period per 1,000 deferred kills | {deferred_gps:.2} | {} |\n\
          | the other CPU keeps ≥ 95 % of its get + put while deferred kills are processed | {:.1} % | {} |\n\
-         | dropping {n} `Owner`s ≥ 20× faster than before (sync kill each), until done | {owner_speedup:.1}× | {} |\n\
+         | dropping {n} `Owner`s ≥ 20× faster than with a sync kill each, until done | {owner_speedup:.1}× | {} |\n\
          | two threads of synchronous kills: fewer grace periods than kills | {two_gps:.0} < {n} | {} |",
         deferred_rate / 1e6,
         verdict(deferred_rate >= DEFERRED_RATE_TARGET),

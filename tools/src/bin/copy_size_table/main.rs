@@ -1,5 +1,5 @@
 //! Reproduces the kernel's 2013 atomic-vs-percpu copy-size tables on this
-//! machine: `cargo run --release --example copy_size_table [-- --help]`.
+//! machine: `cargo run --release -p percpu-ref-tools --bin copy_size_table [-- --help]`.
 //!
 //! Modules, one job each:
 //! - `harness` (`benches/common/copy_size.rs`, shared with the criterion
@@ -12,7 +12,7 @@
 //! - `json`, `svg`: the other outputs.
 
 mod explain;
-#[path = "../../benches/common/copy_size.rs"]
+#[path = "../../../../benches/common/copy_size.rs"]
 mod harness;
 mod json;
 mod options;
