@@ -360,9 +360,25 @@ fn verdict(met: bool) -> &'static str {
     }
 }
 
+/// The markdown report: the rows, the targets, what the columns mean, and
+/// the latencies.
 fn report(args: &Args, samples: &[Vec<Sample>], latency: &[Vec<f64>], cpus: &[usize]) -> String {
+    let mut w = rows_table(args, samples, cpus);
+    w += &targets_table(args.kills, samples);
+    w += COLUMNS_NOTE;
+    w += &latency_table(args.latency_kills, latency);
+    w
+}
+
+/// The median over the reps of one of row `row`'s measures.
+fn row_median(samples: &[Vec<Sample>], row: usize, f: fn(&Sample) -> f64) -> f64 {
+    median(samples[row].iter().map(f).collect())
+}
+
+/// The heading and one line per row of `ROWS`.
+fn rows_table(args: &Args, samples: &[Vec<Sample>], cpus: &[usize]) -> String {
     let n = args.kills;
-    let med = |row: usize, f: fn(&Sample) -> f64| median(samples[row].iter().map(f).collect());
+    let med = |row: usize, f: fn(&Sample) -> f64| row_median(samples, row, f);
     let mut w = String::new();
     let _ = writeln!(
         w,
@@ -380,7 +396,6 @@ fn report(args: &Args, samples: &[Vec<Sample>], latency: &[Vec<f64>], cpus: &[us
     for (i, name) in ROWS.iter().enumerate() {
         let loop_s = med(i, |s| s.loop_s);
         let gps = med(i, |s| s.grace_periods as f64);
-        let share = med(i, |s| s.busy_share);
         let _ = writeln!(
             w,
             "| {name} | {:.2} ms | {:.2} M/s | {:.2} ms | {gps:.0} | {:.2} | {} |",
@@ -388,27 +403,38 @@ fn report(args: &Args, samples: &[Vec<Sample>], latency: &[Vec<f64>], cpus: &[us
             n as f64 / loop_s / 1e6,
             med(i, |s| s.done_s) * 1e3,
             gps * 1000.0 / n as f64,
-            if share.is_nan() {
-                "—".to_string()
-            } else {
-                format!("{:.1} %", share * 100.0)
-            },
+            busy_share(med(i, |s| s.busy_share)),
         );
     }
+    w
+}
+
+/// The busy thread's share as a percentage; a dash for the rows that run
+/// no busy thread.
+fn busy_share(share: f64) -> String {
+    if share.is_nan() {
+        "—".to_string()
+    } else {
+        format!("{:.1} %", share * 100.0)
+    }
+}
+
+/// Each target against the rows that measure it (the indices are `ROWS`'s).
+fn targets_table(n: usize, samples: &[Vec<Sample>]) -> String {
+    let med = |row: usize, f: fn(&Sample) -> f64| row_median(samples, row, f);
     let deferred_rate = n as f64 / med(1, |s| s.loop_s);
     let deferred_gps = med(1, |s| s.grace_periods as f64) * 1000.0 / n as f64;
     let deferred_share = med(1, |s| s.busy_share);
     let owner_speedup = med(3, |s| s.done_s) / med(2, |s| s.done_s);
     let two_gps = med(5, |s| s.grace_periods as f64);
-    let _ = writeln!(
-        w,
+    format!(
         "\nTargets:\n\n\
          | target | measured | met |\n|---|--:|:-:|\n\
          | deferred kills ≥ 5 M/s on the killing thread | {:.2} M/s | {} |\n\
          | ≤ 1 grace period per 1,000 deferred kills | {deferred_gps:.2} | {} |\n\
          | the other CPU keeps ≥ 95 % of its get + put while deferred kills are processed | {:.1} % | {} |\n\
          | dropping {n} `Owner`s ≥ 20× faster than with a sync kill each, until done | {owner_speedup:.1}× | {} |\n\
-         | two threads of synchronous kills: fewer grace periods than kills | {two_gps:.0} < {n} | {} |",
+         | two threads of synchronous kills: fewer grace periods than kills | {two_gps:.0} < {n} | {} |\n",
         deferred_rate / 1e6,
         verdict(deferred_rate >= DEFERRED_RATE_TARGET),
         verdict(deferred_gps <= GP_PER_1000_TARGET),
@@ -416,20 +442,20 @@ fn report(args: &Args, samples: &[Vec<Sample>], latency: &[Vec<f64>], cpus: &[us
         verdict(deferred_share >= BUSY_SHARE_TARGET),
         verdict(owner_speedup >= OWNER_SPEEDUP_TARGET),
         verdict(two_gps < n as f64),
-    );
-    let _ = writeln!(
-        w,
-        "\n\"until done\": the loop and then `flush()`, so every switch it queued has \
-         completed, its confirm has run and its ref released. \"Other CPU\": the busy \
-         thread's get + put rate during \"until done\" over its rate in as long a window \
-         with the killer idle. Grace periods: `percpu::grace_periods()` (one \
-         `membarrier` each on rseq)."
-    );
-    let _ = writeln!(
-        w,
-        "\nOne kill until its release, {} one at a time, the other CPU busy (median per \
-         kill):\n\n| | latency |\n|---|--:|",
-        args.latency_kills
+    )
+}
+
+/// What the rows' columns measure, which their headings are too short to say.
+const COLUMNS_NOTE: &str = "\n\"until done\": the loop and then `flush()`, so every switch it \
+    queued has completed, its confirm has run and its ref released. \"Other CPU\": the busy \
+    thread's get + put rate during \"until done\" over its rate in as long a window with the \
+    killer idle. Grace periods: `percpu::grace_periods()` (one `membarrier` each on rseq).\n";
+
+/// One kill until its release, per `LATENCY_ROWS`.
+fn latency_table(latency_kills: usize, latency: &[Vec<f64>]) -> String {
+    let mut w = format!(
+        "\nOne kill until its release, {latency_kills} one at a time, the other CPU busy \
+         (median per kill):\n\n| | latency |\n|---|--:|\n"
     );
     for (name, s) in LATENCY_ROWS.iter().zip(latency) {
         let _ = writeln!(w, "| {name} | {:.1} µs |", median(s.clone()) * 1e6);
@@ -540,6 +566,53 @@ mod tests {
         for row in ROWS.iter().chain(&LATENCY_ROWS) {
             assert!(md.contains(row), "{row} missing from\n{md}");
         }
+    }
+
+    /// The report of fixed samples, so that its text is checked without
+    /// timing anything: medians over the reps, the targets judged from
+    /// them, and a dash where a row runs no busy thread.
+    #[test]
+    fn report_of_fixed_samples() {
+        let args = Args::try_parse_from(["k", "--kills", "1000", "--latency-kills", "5"]).unwrap();
+        let row = |loop_s, done_s, grace_periods, busy_share| {
+            let s = Sample {
+                loop_s,
+                done_s,
+                grace_periods,
+                busy_share,
+            };
+            // An outlier among three reps: the median leaves it out.
+            let far = Sample {
+                loop_s: loop_s * 9.0,
+                ..s
+            };
+            vec![s, far, s]
+        };
+        let samples = [
+            row(0.01, 0.01, 1000, 0.5),
+            row(0.0001, 0.001, 0, 0.97),
+            row(0.0001, 0.001, 0, 0.97),
+            row(0.05, 0.05, 1000, 0.5),
+            row(0.00001, 0.00001, 0, 0.99),
+            row(0.005, 0.005, 400, f64::NAN),
+        ];
+        let latency = vec![vec![12e-6, 1.0, 11e-6, 13e-6, 0.0]; LATENCY_ROWS.len()];
+        let md = report(&args, &samples, &latency, &[0, 1]);
+        for want in [
+            " backend; 2 allowed CPUs; 1000 kills per row; median of 3 runs.\n\n| |",
+            "\n| `kill`, then `flush` | 0.10 ms | 10.00 M/s | 1.00 ms | 0 | 0.00 | 97.0 % |\n",
+            "\n| two threads, `kill_sync`, at once | 5.00 ms | 0.20 M/s | 5.00 ms | 400 | 400.00 | — |\n",
+            "\n| deferred kills ≥ 5 M/s on the killing thread | 10.00 M/s | yes |\n",
+            "| 97.0 % | yes |\n",
+            "\n| dropping 1000 `Owner`s ≥ 20× faster than with a sync kill each, until done | 50.0× | yes |\n",
+            "\n| two threads of synchronous kills: fewer grace periods than kills | 400 < 1000 | yes |\n",
+            "released. \"Other CPU\": the busy thread's get + put rate",
+            "\nOne kill until its release, 5 one at a time, the other CPU busy (median per kill):\n",
+            "\n| `kill_sync` (the release runs inside it) | 12.0 µs |\n",
+        ] {
+            assert!(md.contains(want), "missing {want:?} in\n{md}");
+        }
+        assert!(!md.contains("**no**"), "{md}");
     }
 
     #[test]

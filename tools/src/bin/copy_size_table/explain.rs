@@ -13,7 +13,6 @@
 use crate::harness::Kind;
 use crate::results::{Overhead, Results};
 use crate::table::{diff_pct, ns, pct};
-use std::fmt::Write;
 
 /// `x` in ns, as the tables print it.
 fn nsu(x: f64) -> String {
@@ -21,7 +20,7 @@ fn nsu(x: f64) -> String {
 }
 
 /// "1 CPU", "2 CPUs".
-fn cpus(t: usize) -> String {
+pub fn cpus(t: usize) -> String {
     if t == 1 {
         "1 CPU".to_string()
     } else {
@@ -68,29 +67,89 @@ fn pct_of(part: f64, whole: f64) -> String {
 /// The explanation, one paragraph, unwrapped; `None` when the run lacks
 /// what it needs (the floor, a percpu kind, a measured cell).
 pub fn paragraph(r: &Results) -> Option<String> {
-    if !r.has_floor() {
-        return None;
+    let b = Base::of(r)?;
+    let mut s = smallest_size(r, &b);
+    s += &largest_size(r, &b).unwrap_or_default();
+    s += &across_cpus(r, &b).unwrap_or_default();
+    s += " ";
+    s += &noise_sentence(r);
+    if let Some(busy) = busy_sentence(r) {
+        s += " ";
+        s += &busy;
     }
-    let t1 = *r.threads.first()?;
-    let s0 = *r.sizes.first()?;
-    let pk = *r.percpu_kinds().first()?;
-    let (atomic, percpu) = (r.heading(Kind::Atomic), r.heading(pk));
-    let x = r.ns_per_loop(Kind::None, t1, s0);
-    let a = r.overhead(Kind::Atomic, t1, s0)?;
-    let p = r.overhead(pk, t1, s0)?;
-    if !(x.is_finite() && a.ns.is_finite() && p.ns.is_finite()) {
-        return None;
+    Some(s)
+}
+
+/// What every sentence compares against: the first thread count and copy
+/// size, where the copy weighs least, and the first percpu kind there.
+struct Base {
+    t1: usize,
+    s0: usize,
+    pk: Kind,
+    atomic: String,
+    percpu: String,
+    /// The floor, in ns per loop.
+    x: f64,
+    a: Overhead,
+    p: Overhead,
+}
+
+impl Base {
+    /// `None` unless the floor and both overheads were measured: the
+    /// paragraph's arithmetic needs all three.
+    fn of(r: &Results) -> Option<Base> {
+        if !r.has_floor() {
+            return None;
+        }
+        let t1 = *r.threads.first()?;
+        let s0 = *r.sizes.first()?;
+        let pk = *r.percpu_kinds().first()?;
+        let x = r.ns_per_loop(Kind::None, t1, s0);
+        let a = r.overhead(Kind::Atomic, t1, s0)?;
+        let p = r.overhead(pk, t1, s0)?;
+        if !(x.is_finite() && a.ns.is_finite() && p.ns.is_finite()) {
+            return None;
+        }
+        let (atomic, percpu) = (r.heading(Kind::Atomic), r.heading(pk));
+        Some(Base {
+            t1,
+            s0,
+            pk,
+            atomic,
+            percpu,
+            x,
+            a,
+            p,
+        })
     }
-    let diff = diff_pct(r.median(pk, t1, s0), r.median(Kind::Atomic, t1, s0));
-    // Further backends (--backends): what each adds, beside percpu.
-    let others: String = r.percpu_kinds()[1..]
+
+    /// The diff column's value in one cell, percpu over atomic.
+    fn diff(&self, r: &Results, threads: usize, size: usize) -> f64 {
+        diff_pct(
+            r.median(self.pk, threads, size),
+            r.median(Kind::Atomic, threads, size),
+        )
+    }
+}
+
+/// Further backends (--backends): what each adds, beside percpu.
+fn other_backends(r: &Results, b: &Base) -> String {
+    r.percpu_kinds()[1..]
         .iter()
         .filter_map(|&k| {
-            let o = r.overhead(k, t1, s0)?;
+            let o = r.overhead(k, b.t1, b.s0)?;
             Some(format!(" ({} adds {})", r.heading(k), quote(&o)))
         })
-        .collect();
-    let mut s = format!(
+        .collect()
+}
+
+/// The diff column worked out from the floor and the two overheads, since
+/// the reader cannot see from the column alone which of them dominates.
+fn smallest_size(r: &Results, b: &Base) -> String {
+    let (t1, s0, x) = (b.t1, b.s0, b.x);
+    let (atomic, percpu) = (&b.atomic, &b.percpu);
+    let others = other_backends(r, b);
+    format!(
         "On {} the copy itself (the floor: the same loop, no counting) costs {} per loop \
          at copy size {s0}; \
          {atomic} adds {} and {percpu} adds {}{others} above it, so the {t1}-CPU diff column, \
@@ -100,78 +159,82 @@ pub fn paragraph(r: &Results) -> Option<String> {
          {atomic}'s overhead is {} of the floor and {percpu}'s {}.",
         cpus(t1),
         nsu(x),
-        quote(&a),
-        quote(&p),
+        quote(&b.a),
+        quote(&b.p),
         ns(x),
-        ns(a.ns),
+        ns(b.a.ns),
         ns(x),
-        ns(p.ns),
-        pct(diff),
+        ns(b.p.ns),
+        pct(b.diff(r, t1, s0)),
         nsu(x),
-        pct_of(a.ns, x),
-        pct_of(p.ns, x),
-    );
-    // The largest size, where the copy weighs most against the counting.
-    if let Some(&sn) = r.sizes.last().filter(|&&sn| sn != s0) {
-        let xn = r.ns_per_loop(Kind::None, t1, sn);
-        if let (Some(an), Some(pn)) = (r.overhead(Kind::Atomic, t1, sn), r.overhead(pk, t1, sn)) {
-            let dn = diff_pct(r.median(pk, t1, sn), r.median(Kind::Atomic, t1, sn));
-            let _ = write!(
-                s,
-                " At copy size {sn} the floor is {}, {atomic} adds {} and {percpu} {}: \
-                 the diff column is {} there.",
-                nsu(xn),
-                nsu(an.ns),
-                nsu(pn.ns),
-                pct(dn)
-            );
-        }
-    }
-    // Across CPUs: what contention does to each overhead.
+        pct_of(b.a.ns, x),
+        pct_of(b.p.ns, x),
+    )
+}
+
+/// The largest size, where the copy weighs most against the counting.
+fn largest_size(r: &Results, b: &Base) -> Option<String> {
+    let sn = *r.sizes.last().filter(|&&sn| sn != b.s0)?;
+    let an = r.overhead(Kind::Atomic, b.t1, sn)?;
+    let pn = r.overhead(b.pk, b.t1, sn)?;
+    let (atomic, percpu) = (&b.atomic, &b.percpu);
+    Some(format!(
+        " At copy size {sn} the floor is {}, {atomic} adds {} and {percpu} {}: \
+         the diff column is {} there.",
+        nsu(r.ns_per_loop(Kind::None, b.t1, sn)),
+        nsu(an.ns),
+        nsu(pn.ns),
+        pct(b.diff(r, b.t1, sn))
+    ))
+}
+
+/// Across CPUs: what contention does to each overhead.
+fn across_cpus(r: &Results, b: &Base) -> Option<String> {
+    let (t1, s0, x) = (b.t1, b.s0, b.x);
     let tm = r.max_threads();
-    if tm > t1 {
-        if let (Some(am), Some(pm)) = (r.overhead(Kind::Atomic, tm, s0), r.overhead(pk, tm, s0)) {
-            let xm = r.ns_per_loop(Kind::None, tm, s0);
-            let dm = diff_pct(r.median(pk, tm, s0), r.median(Kind::Atomic, tm, s0));
-            let (ta, tp) = (trend(&a, &am), trend(&p, &pm));
-            let _ = write!(
-                s,
-                " Across CPUs the {atomic} overhead {ta} {} per loop per thread on {} \
-                 ({} on {}) while {percpu}'s {tp} {} ({}), over a floor of {} ({}), \
-                 so the {tm}-CPU diff column at copy size {s0} is \
-                 ({} + {}) / ({} + {}) - 1 = {}.",
-                nsu(am.ns),
-                cpus(tm),
-                nsu(a.ns),
-                cpus(t1),
-                nsu(pm.ns),
-                nsu(p.ns),
-                nsu(xm),
-                nsu(x),
-                ns(xm),
-                ns(am.ns),
-                ns(xm),
-                ns(pm.ns),
-                pct(dm),
-            );
-            // Why, where the numbers show it.
-            if ta == "grows to" {
-                s += " The shared atomic's cache line moves between CPUs on every get and put";
-                s += if tp == "grows to" {
-                    "."
-                } else {
-                    "; each CPU's percpu count stays in its own cache line."
-                };
-            }
+    if tm <= t1 {
+        return None;
+    }
+    let am = r.overhead(Kind::Atomic, tm, s0)?;
+    let pm = r.overhead(b.pk, tm, s0)?;
+    let xm = r.ns_per_loop(Kind::None, tm, s0);
+    let (ta, tp) = (trend(&b.a, &am), trend(&b.p, &pm));
+    let (atomic, percpu) = (&b.atomic, &b.percpu);
+    let s = format!(
+        " Across CPUs the {atomic} overhead {ta} {} per loop per thread on {} \
+         ({} on {}) while {percpu}'s {tp} {} ({}), over a floor of {} ({}), \
+         so the {tm}-CPU diff column at copy size {s0} is \
+         ({} + {}) / ({} + {}) - 1 = {}.",
+        nsu(am.ns),
+        cpus(tm),
+        nsu(b.a.ns),
+        cpus(t1),
+        nsu(pm.ns),
+        nsu(b.p.ns),
+        nsu(xm),
+        nsu(x),
+        ns(xm),
+        ns(am.ns),
+        ns(xm),
+        ns(pm.ns),
+        pct(b.diff(r, tm, s0)),
+    );
+    Some(s + contention_cause(ta, tp))
+}
+
+/// Why, where the numbers show it: only a growing atomic overhead points
+/// at the shared cache line.
+fn contention_cause(ta: &str, tp: &str) -> &'static str {
+    match (ta, tp) {
+        ("grows to", "grows to") => {
+            " The shared atomic's cache line moves between CPUs on every get and put."
         }
+        ("grows to", _) => {
+            " The shared atomic's cache line moves between CPUs on every get and put; \
+             each CPU's percpu count stays in its own cache line."
+        }
+        _ => "",
     }
-    s += " ";
-    s += &noise_sentence(r);
-    if let Some(busy) = busy_sentence(r) {
-        s += " ";
-        s += &busy;
-    }
-    Some(s)
 }
 
 /// On a busy machine the per-loop times are wall time, off-CPU time

@@ -136,10 +136,30 @@ fn ideal(r: &Results, sizes: &[usize]) -> Vec<(usize, f64)> {
 
 /// The plot as an SVG document.
 pub fn render(r: &Results, scale: Scale) -> String {
+    let sizes = plotted_sizes(r);
+    let ax = axes(r, &sizes, scale);
+    let mut s = heading(r, scale);
+    s += &busy_note(r);
+    s += &frame(r, &ax);
+    let (lines, legend) = series(r, &ax, &sizes);
+    s += &lines;
+    s += &legend_box(&legend);
+    s += "</svg>\n";
+    s
+}
+
+/// The smallest copy size and the largest: the two ends show how the copy
+/// changes the picture without crowding the plot with every size.
+fn plotted_sizes(r: &Results) -> Vec<usize> {
     let mut sizes = vec![];
     sizes.extend(r.sizes.first());
     sizes.extend(r.sizes.last().filter(|l| Some(*l) != r.sizes.first()));
-    let ax = axes(r, &sizes, scale);
+    sizes
+}
+
+/// The document's opening, with a title that names the machine and the
+/// runs, so that a plot shared alone still says where it came from.
+fn heading(r: &Results, scale: Scale) -> String {
     let mut s = format!(
         "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{W}\" height=\"{H}\" \
          viewBox=\"0 0 {W} {H}\" font-family=\"sans-serif\" font-size=\"12\">\n\
@@ -160,19 +180,29 @@ pub fn render(r: &Results, scale: Scale) -> String {
         r.meta.reps,
         r.meta.duration.as_millis()
     );
+    s
+}
+
+/// A warning under the title when the machine was busy, since the lines
+/// then understate throughput and scaling; empty otherwise.
+fn busy_note(r: &Results) -> String {
     let share = r.min_cpu_share();
-    if share < crate::table::BUSY_SHARE {
-        let _ = writeln!(
-            s,
-            "<text x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"middle\" fill=\"#d62728\">busy machine: \
-             a thread was on a CPU only {:.0}% of the time in some runs</text>",
-            (LEFT + W - RIGHT) / 2.0,
-            TOP + 12.0,
-            share * 100.0
-        );
+    if share >= crate::table::BUSY_SHARE {
+        return String::new();
     }
-    // Axes, grid and labels.
+    format!(
+        "<text x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"middle\" fill=\"#d62728\">busy machine: \
+         a thread was on a CPU only {:.0}% of the time in some runs</text>\n",
+        (LEFT + W - RIGHT) / 2.0,
+        TOP + 12.0,
+        share * 100.0
+    )
+}
+
+/// Axes, grid and labels.
+fn frame(r: &Results, ax: &Axes) -> String {
     let (x0, x1, y0, y1) = (LEFT, W - RIGHT, H - BOTTOM, TOP);
+    let mut s = String::new();
     for v in ax.y_ticks() {
         let y = ax.y(v);
         let _ = writeln!(
@@ -203,40 +233,62 @@ pub fn render(r: &Results, scale: Scale) -> String {
         H - 18.0,
         (y0 + y1) / 2.0
     );
-    // Series.
+    s
+}
+
+/// A legend entry: colour, dash pattern, label.
+type Entry = (&'static str, &'static str, String);
+
+/// Every line of the plot, and the legend entries in the order drawn: the
+/// ideal scaling first, so that the measured lines are drawn over it.
+fn series(r: &Results, ax: &Axes, sizes: &[usize]) -> (String, Vec<Entry>) {
+    let mut s = String::new();
     let mut legend = Vec::new();
-    let ideal = ideal(r, &sizes);
+    let ideal = ideal(r, sizes);
     if !ideal.is_empty() {
-        s += &polyline(&ax, &ideal, "#999", "2,4");
+        s += &polyline(ax, &ideal, "#999", "2,4");
         legend.push(("#999", "2,4", "percpu, ideal linear scaling".to_string()));
     }
     for (i, &k) in r.kinds.iter().enumerate() {
         let colour = COLOURS[i % COLOURS.len()];
         for (j, &size) in sizes.iter().enumerate() {
             let dash = if j == 0 { "" } else { "8,4" };
-            let pts: Vec<(usize, f64)> = r
-                .threads
-                .iter()
-                .map(|&t| (t, r.median(k, t, size)))
-                .filter(|(_, v)| *v > 0.0)
-                .collect();
-            s += &polyline(&ax, &pts, colour, dash);
-            for (t, v) in &pts {
-                let _ = writeln!(
-                    s,
-                    "<circle cx=\"{:.1}\" cy=\"{:.1}\" r=\"3\" fill=\"{colour}\"><title>{} copy {size}, {t} threads: {:.0}/s</title></circle>",
-                    ax.x(*t as f64),
-                    ax.y(*v),
-                    escape(&name(r, k)),
-                    v
-                );
-            }
+            s += &kind_line(r, ax, k, size, colour, dash);
             legend.push((colour, dash, format!("{}, copy size {size}", name(r, k))));
         }
     }
+    (s, legend)
+}
+
+/// One kind at one size against threads, each point with a tooltip that
+/// gives the measured rate, which the log axis makes hard to read off.
+fn kind_line(r: &Results, ax: &Axes, k: Kind, size: usize, colour: &str, dash: &str) -> String {
+    let pts: Vec<(usize, f64)> = r
+        .threads
+        .iter()
+        .map(|&t| (t, r.median(k, t, size)))
+        .filter(|(_, v)| *v > 0.0)
+        .collect();
+    let mut s = polyline(ax, &pts, colour, dash);
+    for (t, v) in &pts {
+        let _ = writeln!(
+            s,
+            "<circle cx=\"{:.1}\" cy=\"{:.1}\" r=\"3\" fill=\"{colour}\"><title>{} copy {size}, {t} threads: {:.0}/s</title></circle>",
+            ax.x(*t as f64),
+            ax.y(*v),
+            escape(&name(r, k)),
+            v
+        );
+    }
+    s
+}
+
+/// The legend, in the right margin, clear of the data.
+fn legend_box(legend: &[Entry]) -> String {
+    let mut s = String::new();
     for (i, (colour, dash, label)) in legend.iter().enumerate() {
         let y = TOP + 8.0 + 18.0 * i as f64;
-        let x0 = x1 + 10.0;
+        let x0 = W - RIGHT + 10.0;
         let _ = writeln!(
             s,
             "<line x1=\"{:.1}\" y1=\"{y:.1}\" x2=\"{:.1}\" y2=\"{y:.1}\" stroke=\"{colour}\" \
@@ -248,7 +300,6 @@ pub fn render(r: &Results, scale: Scale) -> String {
             escape(label)
         );
     }
-    s += "</svg>\n";
     s
 }
 

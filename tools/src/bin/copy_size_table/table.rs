@@ -15,6 +15,7 @@
 //! 0            0.22    8.21
 //! ```
 
+use crate::explain::cpus;
 use crate::harness::Kind;
 use crate::results::Results;
 use std::fmt::Write;
@@ -312,18 +313,37 @@ pub fn tables(r: &Results) -> String {
         r.meta.reps
     );
     out += &spread_table(r);
-    if let Some(p) = crate::explain::paragraph(r) {
-        out += "\n";
-        out += &crate::explain::wrap(&p, 78);
-    }
+    out += &explanation(r);
     out
+}
+
+/// The paragraph of `explain`, wrapped, after a blank line; empty when the
+/// run cannot support it.
+fn explanation(r: &Results) -> String {
+    crate::explain::paragraph(r).map_or(String::new(), |p| {
+        "\n".to_string() + &crate::explain::wrap(&p, 78)
+    })
 }
 
 /// One markdown table: one CPU, all CPUs and their ratio side by side.
 pub fn markdown(r: &Results) -> String {
+    let g = Groups::of(r);
+    let mut out = markdown_intro(r);
+    let head = markdown_head(r, &g);
+    let _ = writeln!(out, "| {} |", head.join(" | "));
+    let _ = writeln!(out, "|{}", head.iter().map(|_| "---:|").collect::<String>());
+    for &s in &r.sizes {
+        let _ = writeln!(out, "| {} |", markdown_row(r, &g, s).join(" | "));
+    }
+    out += &markdown_notes(r);
+    out += &explanation(r);
+    out
+}
+
+/// What the numbers are, in one line above the markdown table.
+fn markdown_intro(r: &Results) -> String {
     let m = &r.meta;
-    let max = r.max_threads();
-    let mut out = format!(
+    format!(
         "Measured on {}; percpu backend: {}; median of {} runs of {} ms; \
          loops per second summed over threads.\n\n",
         m.machine(),
@@ -334,76 +354,95 @@ pub fn markdown(r: &Results) -> String {
             .join(", "),
         m.reps,
         m.duration.as_millis()
-    );
-    let mut head = vec!["copy size".to_string()];
-    let groups: Vec<usize> =
-        [1, max]
-            .into_iter()
-            .filter(|t| r.threads.contains(t))
-            .fold(Vec::new(), |mut v, t| {
-                if !v.contains(&t) {
-                    v.push(t);
-                }
-                v
-            });
-    let cpus = |t: usize| {
-        if t == 1 {
-            "1 CPU".to_string()
-        } else {
-            format!("{t} CPUs")
+    )
+}
+
+/// The thread counts the markdown table shows: one CPU and all of them,
+/// as the kernel's table does, each only where measured and once when
+/// they are the same.
+struct Groups {
+    threads: Vec<usize>,
+    max: usize,
+}
+
+impl Groups {
+    fn of(r: &Results) -> Groups {
+        let max = r.max_threads();
+        let mut threads = Vec::new();
+        for t in [1, max] {
+            if r.threads.contains(&t) && !threads.contains(&t) {
+                threads.push(t);
+            }
         }
-    };
-    for &t in &groups {
+        Groups { threads, max }
+    }
+
+    /// The ratio columns need both ends measured.
+    fn with_ratio(&self) -> bool {
+        self.threads.len() == 2
+    }
+}
+
+/// The markdown table's headings, in the order `markdown_row` fills them.
+fn markdown_head(r: &Results, g: &Groups) -> Vec<String> {
+    let mut head = vec!["copy size".to_string()];
+    for &t in &g.threads {
         head.push(format!("{} atomic", cpus(t)));
         for k in r.percpu_kinds() {
             head.push(format!("{} {}", cpus(t), r.heading(k)));
             head.push("diff".into());
         }
     }
-    let with_ratio = groups.len() == 2;
-    if with_ratio {
+    if g.with_ratio() {
         for &k in &r.kinds {
-            head.push(format!("{max}/1 {}", r.heading(k)));
+            head.push(format!("{}/1 {}", g.max, r.heading(k)));
         }
     }
     // After the kernel's columns (so that they line up with the kernel's
     // own table): the floor and each counter's overhead above it, in ns.
     if r.has_floor() {
-        for &t in &groups {
+        for &t in &g.threads {
             head.push(format!("{} floor ns", cpus(t)));
             for k in r.counter_kinds() {
                 head.push(format!("{} {} +ns", cpus(t), r.heading(k)));
             }
         }
     }
-    let _ = writeln!(out, "| {} |", head.join(" | "));
-    let _ = writeln!(out, "|{}", head.iter().map(|_| "---:|").collect::<String>());
-    for &s in &r.sizes {
-        let mut row = vec![s.to_string()];
-        for &t in &groups {
-            let a = r.median(Kind::Atomic, t, s);
-            row.push(format!("{a:.0}"));
-            for k in r.percpu_kinds() {
-                let p = r.median(k, t, s);
-                row.push(format!("{p:.0}"));
-                row.push(pct(diff_pct(p, a)));
-            }
+    head
+}
+
+/// One copy size's cells, under `markdown_head`'s headings.
+fn markdown_row(r: &Results, g: &Groups, s: usize) -> Vec<String> {
+    let mut row = vec![s.to_string()];
+    for &t in &g.threads {
+        let a = r.median(Kind::Atomic, t, s);
+        row.push(format!("{a:.0}"));
+        for k in r.percpu_kinds() {
+            let p = r.median(k, t, s);
+            row.push(format!("{p:.0}"));
+            row.push(pct(diff_pct(p, a)));
         }
-        if with_ratio {
-            for &k in &r.kinds {
-                row.push(format!("{:.2}", ratio(r, k, max, s)));
-            }
-        }
-        if r.has_floor() {
-            for &t in &groups {
-                row.push(ns(r.ns_per_loop(Kind::None, t, s)));
-                for k in r.counter_kinds() {
-                    row.push(overhead_ns(r, k, t, s));
-                }
-            }
-        }
-        let _ = writeln!(out, "| {} |", row.join(" | "));
     }
+    if g.with_ratio() {
+        for &k in &r.kinds {
+            row.push(format!("{:.2}", ratio(r, k, g.max, s)));
+        }
+    }
+    if r.has_floor() {
+        for &t in &g.threads {
+            row.push(ns(r.ns_per_loop(Kind::None, t, s)));
+            for k in r.counter_kinds() {
+                row.push(overhead_ns(r, k, t, s));
+            }
+        }
+    }
+    row
+}
+
+/// Under the markdown table: a busy machine, which makes every number
+/// suspect, and what the ns columns mean, which their headings cannot say.
+fn markdown_notes(r: &Results) -> String {
+    let mut out = String::new();
     let share = r.min_cpu_share();
     if share < BUSY_SHARE {
         let _ = writeln!(
@@ -415,10 +454,6 @@ pub fn markdown(r: &Results) -> String {
     if r.has_floor() {
         out += "\n\"floor ns\" is the loop with no counting, in ns per loop per thread; \
                 \"+ns\" columns are what each counter adds above it, as measured.\n";
-    }
-    if let Some(p) = crate::explain::paragraph(r) {
-        out += "\n";
-        out += &crate::explain::wrap(&p, 78);
     }
     out
 }
