@@ -1,7 +1,9 @@
 //! Mutants: deliberately broken variants of one protocol step each, built
 //! only with `--cfg percpu_ref_mutant="NAME"` (`scripts/loom-mutants`, the
 //! VM runner's mutant cell), so that every loom model and stress test is
-//! shown to fail on the bug it is there to catch.
+//! shown to fail on the bug it is there to catch. Every mutant has an entry
+//! in `scripts/mutants.toml`, the one list of them, which says what catches
+//! it (`scripts/loom-mutants --check` fails on a name here without one).
 //!
 //! A mutant is written where the step is, with a comment that starts
 //! `// mutant NAME:` and says what the mutant breaks, through one of two
