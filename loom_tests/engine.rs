@@ -179,7 +179,7 @@ fn confirm_before_release_in_a_batch(backend: Backend) {
 
 /// Once `kill` returned, no `tryget_live` that starts afterwards
 /// (on any thread) succeeds, whether or not the engine completed the kill.
-fn tryget_live_fails_after_kill_deferred(backend: Backend) {
+fn tryget_live_fails_after_kill(backend: Backend) {
     let p = Probe::new(0);
     let r = strict_ref(&p, backend);
     let killed = Arc::new(AtomicBool::new(false));
@@ -321,7 +321,7 @@ models! {
     two_refs_one_batch: preemptions 2, backends [sharded, rseq_model];
     kill_queued_during_grace_period: preemptions 2, backends [rseq_model];
     confirm_before_release_in_a_batch: preemptions 2, backends [sharded, rseq_model];
-    tryget_live_fails_after_kill_deferred: preemptions 2, backends [sharded, rseq_model];
+    tryget_live_fails_after_kill: preemptions 2, backends [sharded, rseq_model];
     flush_after_every_earlier_confirm: preemptions 2, backends [sharded, rseq_model];
     sync_waiter_after_its_grace_period: preemptions 2, backends [rseq_model];
     drop_waits_for_the_engine: preemptions 2, backends [sharded, rseq_model];

@@ -420,7 +420,7 @@ fn is_send_and_sync() {
 // engine thread.
 
 #[test]
-fn kill_deferred_returns_dying_and_the_engine_completes_it() {
+fn kill_returns_dying_and_the_engine_completes_it() {
     let (r, rel) = counted(InitFlags::empty());
     let r = Box::pin(r);
     r.get();
