@@ -188,7 +188,7 @@ fn kill_row(busy: &Busy, n: usize, kill: impl Fn(Pin<&PercpuRef>)) -> Sample {
         loop_s,
         done_s: done.as_secs_f64(),
         grace_periods,
-        busy_share: rate / alone,
+        busy_share: share(rate, alone),
     }
 }
 
@@ -209,7 +209,7 @@ fn drop_row<T>(busy: &Busy, n: usize, make: impl Fn() -> T) -> Sample {
         loop_s,
         done_s: done.as_secs_f64(),
         grace_periods,
-        busy_share: rate / alone,
+        busy_share: share(rate, alone),
     }
 }
 
@@ -409,8 +409,19 @@ fn rows_table(args: &Args, samples: &[Vec<Sample>], cpus: &[usize]) -> String {
     w
 }
 
+/// The busy thread's rate during a row over its rate alone; NaN (a dash in
+/// the table) when it counted nothing alone, which only a machine busy with
+/// other work does: the ratio would read as infinite.
+fn share(rate: f64, alone: f64) -> f64 {
+    if alone > 0.0 {
+        rate / alone
+    } else {
+        f64::NAN
+    }
+}
+
 /// The busy thread's share as a percentage; a dash for the rows that run
-/// no busy thread.
+/// no busy thread, or where it did not run alone (see [`share`]).
 fn busy_share(share: f64) -> String {
     if share.is_nan() {
         "—".to_string()
@@ -545,6 +556,13 @@ mod tests {
     fn median_is_the_middle() {
         assert_eq!(median(vec![3.0, 1.0, 2.0]), 2.0);
         assert_eq!(median(vec![4.0, 1.0, 3.0, 2.0]), 2.0);
+    }
+
+    #[test]
+    fn a_busy_thread_that_never_ran_alone_has_no_share() {
+        assert_eq!(share(1.0, 2.0), 0.5);
+        assert!(share(5.0, 0.0).is_nan());
+        assert_eq!(busy_share(share(5.0, 0.0)), "—");
     }
 
     #[test]
