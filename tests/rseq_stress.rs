@@ -42,6 +42,12 @@ fn ops() -> u64 {
 }
 /// Atomic<->percpu round trips made while the workers run, before the kill.
 const SWITCHES: usize = 200;
+/// How long each switch stays atomic, in turn (see the switch loop).
+const ATOMIC_PAUSES: [Duration; 3] = [
+    Duration::from_micros(100),
+    Duration::from_millis(1),
+    Duration::from_millis(4),
+];
 
 /// Which backend this process must have chosen, set by the parent test for
 /// subprocess runs; rseq otherwise, where the CPU has the section's commit
@@ -258,14 +264,16 @@ fn stress() -> Report {
     };
     // Switch back and forth while the workers run, then kill halfway.
     let total = WORKERS as u64 * ops();
-    for _ in 0..SWITCHES {
+    for i in 0..SWITCHES {
         r.switch_to_atomic_sync();
         // Stay atomic a moment: an add that a broken grace period let
         // commit after the sum lands now, on a counter that the switch
         // back zeroes unread (without the pause it mostly landed after the
         // zeroing and counted: scripts/vm-test's mutant rseq_no_grace_period
-        // was caught in 4 of 6 runs).
-        std::thread::sleep(Duration::from_micros(100));
+        // was caught in 4 of 6 runs). The pauses vary because the section
+        // in flight may belong to a vCPU its host has preempted for
+        // milliseconds (32 vCPUs on a 2-core host under TCG).
+        std::thread::sleep(ATOMIC_PAUSES[i % ATOMIC_PAUSES.len()]);
         r.switch_to_percpu().unwrap();
         std::thread::sleep(Duration::from_micros(100));
     }
