@@ -733,12 +733,10 @@ impl Pair for ArcInRegister {
     }
 }
 
-/// A row's object at the start of a cache line of its own, so that where a
-/// `PercpuRef`'s words fall is the same in every run: its mode word and
-/// its count (24 bytes on) on one line, as for a ref at the start of a heap
-/// block. (Unaligned, a ref straddles two lines in 3 placements of 8, and
-/// its two-thread figures change with where the process's stack happened
-/// to put it.)
+/// A row's object at the start of a cache line of its own, so that where
+/// its words fall is the same in every run (a `PercpuRef`: its count on
+/// the first line, its mode word on the second; a floor's words as its
+/// kind says; the bare counter alone on its line).
 #[repr(align(64))]
 struct Line<P>(P);
 

@@ -100,6 +100,7 @@ use crate::sync::{self, AtomicUsize, Mutex, MutexGuard, Ordering};
 use std::any::Any;
 use std::fmt;
 use std::marker::PhantomPinned;
+use std::mem::MaybeUninit;
 
 type ReleaseFn = Box<dyn Fn(&PercpuRef) + Send + Sync + 'static>;
 
@@ -139,10 +140,23 @@ pub(crate) use deferred::Confirm;
 /// assert!(released.load(Ordering::SeqCst));
 /// assert!(r.is_zero());
 /// ```
-// `#[repr(C)]`: `mode` and then `counters` first, the two words the
-// per-CPU fast path reads (`Counters::try_add_raw`).
-#[repr(C)]
+// The layout: two cache lines' worth, so that the counter that atomic mode
+// writes never shares a line with the words every operation reads first.
+// `#[repr(C)]`: the atomic counter alone at the start, padded to 64 bytes;
+// then `mode` and `counters`, the two words the per-CPU fast path reads
+// (`Counters::try_add_raw`), with the fields only switches touch after
+// them, padded to 128 bytes. In atomic mode a contended get or put reads
+// the mode word and then adds to the counter: on one line that is two
+// transfers of a line another CPU holds modified, where a bare atomic
+// counter pays one; on two lines the mode word's stays shared in every
+// CPU's cache (docs/performance.md, "Atomic mode"). `align(16)` (what
+// `malloc` gives anyway, so boxing it costs nothing more) keeps the mode
+// word off the counter's line and off a neighbour's counter's line in an
+// array of refs, wherever the array starts.
+#[repr(C, align(16))]
 pub struct PercpuRef {
+    count: AtomicCount,
+    _count_line: MaybeUninit<[u8; COUNT_LINE_PAD]>,
     /// `MODE_ATOMIC` / `MODE_DEAD` / `MODE_PENDING` and the rseq bound:
     /// written under `switch`, except that a deferred switch's completion
     /// clears `MODE_PENDING` without it (the engine's last access to the
@@ -150,17 +164,31 @@ pub struct PercpuRef {
     /// for the bit to clear first).
     mode: AtomicUsize,
     counters: Counters,
-    count: AtomicCount,
     switch: Mutex<SwitchState>,
     /// The thread holding `switch`, to turn re-entry from `confirm` into a
     /// panic instead of a deadlock. Diagnostic only: not part of the
     /// protocol, so it is a plain std atomic even under loom.
     switch_owner: crate::sync::unmodeled::AtomicUsize,
     release: ReleaseFn,
+    _mode_line: MaybeUninit<[u8; MODE_LINE_PAD]>,
     /// The deferred switches hand the engine the ref's address: once
     /// pinned, it stays there until `Drop`, which waits for the engine.
     _pinned: PhantomPinned,
 }
+
+/// The bytes after the atomic counter that fill its 64-byte line (never
+/// written: padding costs `new` no stores).
+const COUNT_LINE_PAD: usize = 64 - std::mem::size_of::<AtomicCount>();
+
+/// The bytes after the fields of the second line that fill it to 64 (none
+/// where those fields are larger, as under loom).
+const MODE_LINE_PAD: usize = 64usize.saturating_sub(
+    std::mem::size_of::<AtomicUsize>()
+        + std::mem::size_of::<Counters>()
+        + std::mem::size_of::<Mutex<SwitchState>>()
+        + std::mem::size_of::<crate::sync::unmodeled::AtomicUsize>()
+        + std::mem::size_of::<ReleaseFn>(),
+);
 
 // The fast path's words: the mode word, then the counters, whose first
 // word is the slot's base (`Counters` and `Slot` are `#[repr(C)]`).
@@ -168,14 +196,15 @@ const _: () = assert!(
     std::mem::offset_of!(PercpuRef, counters)
         == std::mem::offset_of!(PercpuRef, mode) + std::mem::size_of::<usize>()
 );
+const _: () = assert!(std::mem::offset_of!(PercpuRef, mode) == 64);
 
-// The size the docs quote (crate docs, `percpu/arena.rs`,
-// docs/performance.md, docs/design.md): 64 bytes on 64-bit Linux, where the
-// std mutex is one futex word. Other targets' mutexes differ in size.
+// The size the docs quote (README, `percpu/arena.rs`, docs/performance.md,
+// docs/design.md): 128 bytes on 64-bit Linux, where the std mutex is one
+// futex word. Other targets' mutexes differ in size.
 #[cfg(all(target_os = "linux", target_pointer_width = "64", not(percpu_ref_loom)))]
 const _: () = assert!(
-    std::mem::size_of::<PercpuRef>() == 64,
-    "PercpuRef is no longer 64 bytes: update the docs that quote its size"
+    std::mem::size_of::<PercpuRef>() == 128,
+    "PercpuRef is no longer 128 bytes: update the docs that quote its size"
 );
 
 /// What the kernel keeps in `percpu_ref_data` besides the count.
@@ -297,15 +326,17 @@ impl PercpuRef {
             BIAS + 1
         };
         Ok(PercpuRef {
+            count: AtomicCount::new(count),
+            _count_line: MaybeUninit::uninit(),
             mode: AtomicUsize::new(mode),
             counters,
-            count: AtomicCount::new(count),
             switch: Mutex::new(SwitchState {
                 force_atomic: flags.contains(InitFlags::INIT_ATOMIC),
                 allow_reinit: atomic || flags.contains(InitFlags::ALLOW_REINIT),
             }),
             switch_owner: crate::sync::unmodeled::AtomicUsize::new(0),
             release: Box::new(release),
+            _mode_line: MaybeUninit::uninit(),
             _pinned: PhantomPinned,
         })
     }

@@ -11,7 +11,7 @@
 //!
 //! so the fast path turns a CPU id into an address with one shift and one
 //! add, counters of different CPUs never share a cache line, and a ref costs
-//! 8 bytes per possible CPU (plus its 64-byte `PercpuRef`, which holds the
+//! 8 bytes per possible CPU (plus its 128-byte `PercpuRef`, which holds the
 //! slot). Cache-padding each ref's counters instead would cost 128 bytes
 //! per CPU per ref (32 KiB per ref on a 192-CPU machine, against 1.5 KiB
 //! here).
@@ -105,7 +105,7 @@ pub(crate) const REGION_SHIFT: u32 = 16;
 /// backed only when first written, so a large region costs address space,
 /// not memory; what it saves is bookkeeping: one chunk pointer per 8192
 /// refs instead of per 512 (at 4 KiB regions the chunk table alone added
-/// 0.016 B per ref, enough to put a million refs over the 8 B × CPUs + 64 B
+/// 0.016 B per ref, enough to put a million refs over the 8 B × CPUs
 /// budget that `tools/src/bin/footprint/` checks).
 pub(crate) const REGION: usize = 1 << REGION_SHIFT;
 /// The alignment a chunk needs: a page at most (what `mmap` gives), not a

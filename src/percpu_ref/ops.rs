@@ -19,7 +19,7 @@ impl PercpuRef {
     /// atomic mode the count is then saturated (one unconditional add
     /// passed the limit): the ref is miscounted and never releases, as the
     /// kernel's `rcuref_t` leaks a saturated object.
-    #[inline]
+    #[inline(always)]
     pub fn get(&self) {
         self.get_many(1);
     }
@@ -34,7 +34,7 @@ impl PercpuRef {
     /// If the count is zero, if `n` is above 2^62 - 1, or on an overflow:
     /// as [`get`](Self::get) for `n` below 2^16; a larger `n` is refused
     /// before it writes and leaves the count unchanged.
-    #[inline]
+    #[inline(always)]
     pub fn get_many(&self, n: usize) {
         let n = checked_n("get_many", n);
         if n != 0 && !self.try_add_percpu(n, n) {
@@ -59,7 +59,16 @@ impl PercpuRef {
     }
 
     /// The atomic-mode get: one `fetch_add` ([`AtomicCount::get`]).
-    #[inline(never)]
+    ///
+    /// Inlined into every caller, as the atomic-mode put is, with only the
+    /// misuse paths out of line: a call pushes
+    /// its return address, a store that the locked add then waits to
+    /// drain, and with two CPUs on one ref that lengthens each CPU's hold
+    /// of the counter's line (two threads: 1.3-1.5× a bare atomic pair
+    /// called, 1.05-1.2× inlined; docs/performance.md, "Atomic mode"). The
+    /// cost is code: a get + put inlined is about 180 bytes more per call
+    /// site.
+    #[inline(always)]
     fn get_atomic(&self, n: u64) {
         match self.count.get(n) {
             AddOutcome::Added => {}
@@ -89,7 +98,7 @@ impl PercpuRef {
     /// is left unchanged. In percpu mode an underflow is only found by the
     /// next switch to atomic mode. A panic of `release` propagates (the
     /// count is zero and stays so).
-    #[inline]
+    #[inline(always)]
     pub fn put(&self) {
         self.put_many(1);
     }
@@ -99,7 +108,7 @@ impl PercpuRef {
     /// # Panics
     ///
     /// As [`put`](Self::put), or if `n` is above 2^62 - 1.
-    #[inline]
+    #[inline(always)]
     pub fn put_many(&self, n: usize) {
         // SAFETY: `&self` keeps the ref alive, and the caller's `n`
         // references are given up here (the contract of `put_many`).
@@ -122,7 +131,7 @@ impl PercpuRef {
     ///
     /// `this` points to a live `PercpuRef` on which the caller holds `n`
     /// references, which it gives up.
-    #[inline]
+    #[inline(always)]
     pub(crate) unsafe fn put_many_raw(this: *const Self, n: usize) {
         let n = checked_n("put_many", n);
         if n == 0 {
@@ -148,7 +157,7 @@ impl PercpuRef {
     /// # Safety
     ///
     /// As [`put_many_raw`](Self::put_many_raw).
-    #[inline(never)]
+    #[inline(always)]
     unsafe fn put_atomic_raw(this: *const Self, n: u64) {
         // SAFETY: alive until our decrement; `count` is only atomics.
         let count = unsafe { &(*this).count };
@@ -160,16 +169,29 @@ impl PercpuRef {
                 let r = unsafe { &*this };
                 (r.release)(r);
             }
-            PutOutcome::Underflow { count, release } => {
-                if release {
-                    // SAFETY: as above: this thread's give-back won the
-                    // election, so the release is ours to run.
-                    let r = unsafe { &*this };
-                    (r.release)(r);
-                }
-                panic!("{}", underflow_message("put_many", n, count))
-            }
+            // SAFETY: as `put_underflow` requires.
+            PutOutcome::Underflow { count, release } => unsafe {
+                Self::put_underflow(this, n, count, release)
+            },
         }
+    }
+
+    /// A put that found fewer references than it gives up: panics.
+    ///
+    /// # Safety
+    ///
+    /// As [`put_many_raw`](Self::put_many_raw); `release` says that this
+    /// thread's give-back won the release election.
+    #[cold]
+    #[inline(never)]
+    unsafe fn put_underflow(this: *const Self, n: u64, count: u64, release: bool) -> ! {
+        if release {
+            // SAFETY: this thread's give-back won the election, so the
+            // release is ours to run and nobody frees the ref before it.
+            let r = unsafe { &*this };
+            (r.release)(r);
+        }
+        panic!("{}", underflow_message("put_many", n, count))
     }
 
     /// Takes a reference unless the count is zero.
@@ -221,6 +243,9 @@ impl PercpuRef {
     /// A tryget that lands on a released ref gives its increment back, and
     /// runs `release` itself when that give-back was the last landing on
     /// zero (a revival raced it; see `atomic_mode`, invariant 3).
+    ///
+    /// Out of line, unlike the get and put: inlining it measured no
+    /// difference (docs/performance.md, "Atomic mode").
     #[inline(never)]
     fn tryget_atomic(&self, op: &str, n: u64) -> bool {
         match self.count.tryget(n) {

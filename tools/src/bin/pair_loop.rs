@@ -52,8 +52,8 @@ fn arc_pairs(a: &Arc<u64>, n: u64) {
 /// `n` times: a ref from `new`, get + put, drop (what a short-lived object
 /// costs). Each iteration's ref escapes through `black_box(&r)`, so none
 /// of it can be optimised away, and is dropped where it lies, as
-/// `arc_churn`'s `Arc` is (moving the 64-byte ref through `black_box(r)`
-/// would add eight moves that the 8-byte `Arc` does not pay).
+/// `arc_churn`'s `Arc` is (moving the 128-byte ref through `black_box(r)`
+/// would add sixteen moves that the 8-byte `Arc` does not pay).
 #[inline(never)]
 fn percpu_churn(n: u64, new: impl Fn() -> PercpuRef) {
     for _ in 0..n {

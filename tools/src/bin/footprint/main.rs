@@ -69,8 +69,10 @@ const DEFAULT_REFS: &str = "100000,1000000";
 const SCALING_TARGET: f64 = 1.8;
 const VS_ARC_TARGET: f64 = 1.0;
 const REUSE_TARGET: f64 = 0.10;
-/// Bytes per ref beyond the counters that the RSS target allows.
-const RSS_SLACK: usize = 64;
+/// Bytes per ref beyond the counters that the RSS target allows: the
+/// `PercpuRef` itself (its two cache lines), so that the RSS growth
+/// proper must fit in the counters.
+const RSS_SLACK: usize = memory::OBJECT;
 /// Where `/proc/meminfo` cannot be read: refuse a row that may need more.
 const FALLBACK_MEMORY_LIMIT: u64 = 4 << 30;
 
