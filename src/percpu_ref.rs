@@ -505,3 +505,57 @@ impl PercpuRef {
         grace::wait_until(|| self.is_pending());
     }
 }
+
+#[cfg(all(test, not(percpu_ref_loom)))]
+mod layout_tests {
+    use super::PercpuRef;
+
+    /// The 64-byte block an address falls in.
+    fn line(p: *const u8) -> usize {
+        p as usize / 64
+    }
+
+    /// In an array, boxed or embedded at any 16-byte offset, no ref's
+    /// atomic counter shares a cache line with its own or a neighbour's
+    /// mode word and slot (what the layout comment above `PercpuRef`
+    /// promises; reordering the fields breaks it).
+    #[test]
+    fn the_count_never_shares_a_line_with_a_mode_word() {
+        let hot = |r: &PercpuRef| {
+            let mode = (&raw const r.mode).cast::<u8>();
+            // The mode word and the slot's base, the 16 bytes the fast
+            // path reads.
+            [line(mode), line(mode.wrapping_add(15))]
+        };
+        let count = |r: &PercpuRef| line((&raw const r.count).cast::<u8>());
+        let check = |refs: &[PercpuRef]| {
+            let hot_lines: Vec<usize> = refs.iter().flat_map(hot).collect();
+            for r in refs {
+                assert!(
+                    !hot_lines.contains(&count(r)),
+                    "a count at {:p} shares a line with a mode word",
+                    &raw const r.count
+                );
+            }
+        };
+        let v: Vec<PercpuRef> = (0..8).map(|_| PercpuRef::new(|_| {})).collect();
+        check(&v);
+        // Behind a 16-byte header, as in an allocation of (header, ref).
+        #[repr(C)]
+        struct Embedded {
+            _header: [u128; 1],
+            r: PercpuRef,
+        }
+        for _ in 0..4 {
+            let b = Box::new(Embedded {
+                _header: [0],
+                r: PercpuRef::new(|_| {}),
+            });
+            check(std::slice::from_ref(&b.r));
+        }
+        let boxed: Vec<Box<PercpuRef>> = (0..8).map(|_| Box::new(PercpuRef::new(|_| {}))).collect();
+        for b in &boxed {
+            check(std::slice::from_ref(&**b));
+        }
+    }
+}
