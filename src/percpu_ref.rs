@@ -181,7 +181,9 @@ pub struct PercpuRef {
 const COUNT_LINE_PAD: usize = 64 - std::mem::size_of::<AtomicCount>();
 
 /// The bytes after the fields of the second line that fill it to 64 (none
-/// where those fields are larger, as under loom).
+/// where those fields are larger, as under loom). The sum names every
+/// field of that line: a field added there without its term here makes
+/// the ref larger than 128 bytes, which the assertion below refuses.
 const MODE_LINE_PAD: usize = 64usize.saturating_sub(
     std::mem::size_of::<AtomicUsize>()
         + std::mem::size_of::<Counters>()
@@ -197,6 +199,16 @@ const _: () = assert!(
         == std::mem::offset_of!(PercpuRef, mode) + std::mem::size_of::<usize>()
 );
 const _: () = assert!(std::mem::offset_of!(PercpuRef, mode) == 64);
+// On Linux (the rseq targets) the sum is exact: the ref is two lines
+// whenever the second line's fields fit in 64 bytes. Elsewhere padding
+// between fields (Windows' mutex) can make the ref a little longer than 128
+// bytes: the count keeps its own line, but the next ref in an array may put
+// its count on this one's last line.
+#[cfg(all(target_os = "linux", not(percpu_ref_loom)))]
+const _: () = assert!(
+    MODE_LINE_PAD == 0 || std::mem::size_of::<PercpuRef>() == 128,
+    "PercpuRef's second line is not padded to 64 bytes: add the new field to MODE_LINE_PAD"
+);
 
 // The size the docs quote (README, `percpu/arena.rs`, docs/performance.md,
 // docs/design.md): 128 bytes on 64-bit Linux, where the std mutex is one

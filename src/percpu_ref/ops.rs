@@ -61,13 +61,11 @@ impl PercpuRef {
     /// The atomic-mode get: one `fetch_add` ([`AtomicCount::get`]).
     ///
     /// Inlined into every caller, as the atomic-mode put is, with only the
-    /// misuse paths out of line: a call pushes
-    /// its return address, a store that the locked add then waits to
-    /// drain, and with two CPUs on one ref that lengthens each CPU's hold
-    /// of the counter's line (two threads: 1.3-1.5× a bare atomic pair
-    /// called, 1.05-1.2× inlined; docs/performance.md, "Atomic mode"). The
-    /// cost is code: a get + put inlined is about 180 bytes more per call
-    /// site.
+    /// misuse paths out of line: a call pushes its return address, a store
+    /// that the locked add then waits to drain, and with two CPUs on one
+    /// ref that lengthens each CPU's hold of the counter's line. The cost
+    /// is code at every call site (both measured: docs/performance.md,
+    /// "Atomic mode").
     #[inline(always)]
     fn get_atomic(&self, n: u64) {
         match self.count.get(n) {
