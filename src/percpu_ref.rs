@@ -140,19 +140,14 @@ pub(crate) use deferred::Confirm;
 /// assert!(released.load(Ordering::SeqCst));
 /// assert!(r.is_zero());
 /// ```
-// The layout: two cache lines' worth, so that the counter that atomic mode
-// writes never shares a line with the words every operation reads first.
-// `#[repr(C)]`: the atomic counter alone at the start, padded to 64 bytes;
-// then `mode` and `counters`, the two words the per-CPU fast path reads
-// (`Counters::try_add_raw`), with the fields only switches touch after
-// them, padded to 128 bytes. In atomic mode a contended get or put reads
-// the mode word and then adds to the counter: on one line that is two
-// transfers of a line another CPU holds modified, where a bare atomic
-// counter pays one; on two lines the mode word's stays shared in every
-// CPU's cache (docs/performance.md, "Atomic mode"). `align(16)` (what
-// `malloc` gives anyway, so boxing it costs nothing more) keeps the mode
-// word off the counter's line and off a neighbour's counter's line in an
-// array of refs, wherever the array starts.
+// The layout (why: docs/design.md §3): two cache lines' worth, so that the
+// counter atomic mode writes never shares a line with the words every
+// operation reads first. `#[repr(C)]`: the atomic counter alone, padded to
+// 64 bytes; then `mode` and `counters`, the two words the per-CPU fast
+// path reads (`Counters::try_add_raw`), and the fields only switches
+// touch, padded to 128 bytes. `align(16)` (what `malloc` gives anyway)
+// keeps the mode word off its own and a neighbour's counter's line
+// wherever an array of refs starts (`layout_tests` below).
 #[repr(C, align(16))]
 pub struct PercpuRef {
     count: AtomicCount,
