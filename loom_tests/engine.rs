@@ -315,6 +315,146 @@ fn sync_kills_share_a_grace_period() {
     );
 }
 
+// ----- managed refs (`src/percpu_ref/managed.rs`) ---------------------------
+
+/// A managed ref whose release asserts that it is the only one and that
+/// no reference is still held (no confirm: nothing kills it).
+fn managed_ref(p: &Arc<Probe>, backend: Backend) -> PinnedRef {
+    let q = p.clone();
+    let r = Arc::pin(
+        PercpuRef::with_backend(
+            move |_| {
+                assert_eq!(
+                    q.held.load(SeqCst),
+                    0,
+                    "release ran while a reference is held"
+                );
+                assert_eq!(q.releases.fetch_add(1, SeqCst), 0, "release ran twice");
+            },
+            InitFlags::empty(),
+            backend,
+        )
+        .unwrap(),
+    );
+    r.as_ref().switch_to_managed().unwrap();
+    r
+}
+
+/// An engine thread: three steps (a mark's clear, its scan and its
+/// window, or whatever is queued by then).
+fn spawn_engine() -> thread::JoinHandle<()> {
+    thread::spawn(|| {
+        step();
+        step();
+        step();
+    })
+}
+
+/// The last two puts of a managed ref, one on another thread, while the
+/// engine scans it: it is released exactly once, after both (invariants 1
+/// to 3: neither put goes unseen, the window's count is exact).
+fn managed_last_puts_vs_scan(backend: Backend) {
+    let p = Probe::new(1);
+    let r = managed_ref(&p, backend);
+    get_for(&r, &p);
+    let putter = spawn_put(&r, &p);
+    let engine = spawn_engine();
+    p.put(&r);
+    putter.join().unwrap();
+    engine.join().unwrap();
+    percpu_ref::flush();
+    assert_eq!(
+        p.releases(),
+        1,
+        "a managed ref whose count is down to the stand-in was not released"
+    );
+    assert!(!r.tryget(), "a tryget succeeded on a released ref");
+}
+
+/// A tryget (a `Weak::upgrade`) racing the last put and the scan: either
+/// it revives the ref (and its put is then the last) or it fails because
+/// the ref was released; never a release under it.
+fn managed_tryget_vs_last_put(backend: Backend) {
+    let p = Probe::new(1);
+    let r = managed_ref(&p, backend);
+    let tryer = {
+        let (r, p) = (r.clone(), p.clone());
+        thread::spawn(move || {
+            if r.tryget() {
+                p.held.fetch_add(1, SeqCst);
+                assert_eq!(
+                    p.releases(),
+                    0,
+                    "released while a tryget's reference is held"
+                );
+                p.put(&r);
+            }
+        })
+    };
+    let engine = spawn_engine();
+    p.put(&r);
+    tryer.join().unwrap();
+    engine.join().unwrap();
+    percpu_ref::flush();
+    assert_eq!(p.releases(), 1);
+    assert!(!r.tryget(), "a tryget succeeded on a released ref");
+}
+
+/// What a release wrote, read by the thread whose `Drop` of the ref
+/// returned: the engine's last store (PENDING cleared) must order it
+/// (loom reports the write and the read as a race otherwise).
+struct Written(loom::cell::UnsafeCell<u32>);
+
+// SAFETY: written once by the release, read after the `Drop` that waited
+// for it: the model checks that the two are ordered.
+unsafe impl Sync for Written {}
+
+/// The last put of a managed ref, then its `Drop`, while the engine scans
+/// it: the `Drop` waits for the engine, and the release (if the engine got
+/// that far before the `Drop` asked it to stop) happens before it returns.
+fn managed_release_before_drop_returns(backend: Backend) {
+    let written = Arc::new(Written(loom::cell::UnsafeCell::new(0)));
+    let r = {
+        let w = written.clone();
+        // SAFETY: the only write; the read below is after the `Drop`.
+        let r = Box::pin(
+            PercpuRef::with_backend(
+                move |_| w.0.with_mut(|v| unsafe { *v = 1 }),
+                InitFlags::empty(),
+                backend,
+            )
+            .unwrap(),
+        );
+        r.as_ref().switch_to_managed().unwrap();
+        r
+    };
+    let engine = spawn_engine();
+    r.put();
+    drop(r);
+    // SAFETY: the release, if it ran, ran before the `Drop` returned.
+    let v = written.0.with(|v| unsafe { *v });
+    assert!(v <= 1);
+    engine.join().unwrap();
+}
+
+/// A kill of a managed ref while its last other reference is put and the
+/// engine scans it: the kill takes over, and the ref is released once,
+/// after the last put.
+fn managed_kill_vs_scan(backend: Backend) {
+    let p = Probe::new(1);
+    let r = managed_ref(&p, backend);
+    get_for(&r, &p);
+    let putter = spawn_put(&r, &p);
+    let engine = spawn_engine();
+    p.held.fetch_sub(1, SeqCst); // the kill puts the base reference
+    r.kill_sync().unwrap();
+    putter.join().unwrap();
+    engine.join().unwrap();
+    percpu_ref::flush();
+    assert_eq!(p.releases(), 1);
+    assert!(!r.is_managed());
+}
+
 // ----- the tests ------------------------------------------------------------
 
 models! {
@@ -326,4 +466,8 @@ models! {
     sync_waiter_after_its_grace_period: preemptions 2, backends [rseq_model];
     drop_waits_for_the_engine: preemptions 2, backends [sharded, rseq_model];
     deferred_switch_then_percpu: preemptions 2, backends [sharded, rseq_model];
+    managed_last_puts_vs_scan: preemptions 2, backends [sharded, rseq_model];
+    managed_tryget_vs_last_put: preemptions 2, backends [sharded, rseq_model];
+    managed_kill_vs_scan: preemptions 2, backends [sharded, rseq_model];
+    managed_release_before_drop_returns: preemptions 2, backends [sharded, rseq_model];
 }

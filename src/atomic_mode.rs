@@ -481,6 +481,17 @@ impl AtomicCount {
             .is_ok()
     }
 
+    /// The managed scan's election (`percpu_ref/managed.rs`): from a true
+    /// count of exactly 1, the engine's stand-in reference, to `RELEASED`,
+    /// in one compare-and-swap, so that it fails if anyone took or dropped
+    /// a reference since the count was read. Acquire, as
+    /// [`elect_release`](Self::elect_release).
+    pub(crate) fn elect_release_of_last(&self) -> bool {
+        self.value
+            .compare_exchange(1, RELEASED, Ordering::Acquire, Ordering::Relaxed)
+            .is_ok()
+    }
+
     /// The checked put of a large `n`: refused before it writes; a put that
     /// empties the counter moves it straight to `RELEASED`.
     #[cold]

@@ -101,6 +101,11 @@ pub enum Error {
         /// The operation that was refused.
         op: &'static str,
     },
+    /// `switch_to_managed` on a ref that is already managed.
+    AlreadyManaged {
+        /// The operation that was refused.
+        op: &'static str,
+    },
     /// `resurrect` on a ref that is not dead.
     NotDead {
         /// The operation that was refused.
@@ -155,6 +160,11 @@ impl fmt::Display for Error {
             Error::AlreadyDead { op } => write!(
                 f,
                 "percpu_ref::{op}: the ref is already dead (killed twice, or made with INIT_DEAD)"
+            ),
+            Error::AlreadyManaged { op } => write!(
+                f,
+                "percpu_ref::{op}: the ref is already managed (the grace-period engine holds \
+                 its stand-in reference)"
             ),
             Error::NotDead { op } => write!(
                 f,

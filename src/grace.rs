@@ -628,9 +628,13 @@ fn wait_done(mut pending: impl FnMut(&Done) -> bool) {
         #[cfg(percpu_ref_loom)]
         {
             // No engine thread: drive one step (if another loom thread is
-            // running one, `step` waits for it).
+            // running one, `step` waits for it). Nothing queued yet (a
+            // managed ref's mark is between its PENDING and its enqueue):
+            // let the other threads run.
             drop(d);
-            loom_step();
+            if !loom_step() {
+                sync::spin_wait();
+            }
             d = sync::lock(&e.done);
         }
         #[cfg(not(percpu_ref_loom))]

@@ -326,6 +326,20 @@ pub(crate) const MODE_DEAD: usize = 2 << FLAG_SHIFT;
 /// the engine's last access to the ref. While it is set, no other switch may start and
 /// `Drop` waits.
 pub(crate) const MODE_PENDING: usize = 4 << FLAG_SHIFT;
+/// Mode bit: the ref is managed (`percpu_ref/managed.rs`): the
+/// grace-period engine holds a stand-in reference and releases the ref
+/// once its count is down to that stand-in.
+pub(crate) const MODE_MANAGED: usize = 8 << FLAG_SHIFT;
+/// Mode bit, only with `MODE_MANAGED` in percpu mode: the engine cleared
+/// the ref's mark and no put has marked it since. The CPU bound is 0
+/// meanwhile, so the first put after the clear misses the per-CPU path,
+/// marks the ref (clears this bit, restores the bound) and tries again.
+pub(crate) const MODE_UNMARKED: usize = 16 << FLAG_SHIFT;
+/// Mode bit, only with `MODE_MANAGED`: a put counted on the atomic counter
+/// of this managed ref in percpu mode (its thread had no per-CPU counter,
+/// or `n` was large), which no mark can follow; the engine scans the ref
+/// every round until it is released.
+pub(crate) const MODE_POLLED: usize = 32 << FLAG_SHIFT;
 /// The low half of the mode word (rseq builds only): the rseq section's
 /// CPU bound. It holds the arena's CPU count while a ref on the rseq
 /// backend is in percpu mode and 0 otherwise (atomic mode, or another

@@ -96,7 +96,7 @@ use crate::atomic_mode::{AtomicCount, BIAS, RELEASED};
 use crate::flags::{Error, InitFlags};
 use crate::grace;
 use crate::percpu::{backend, Backend, Counters, MODE_ATOMIC, MODE_DEAD, MODE_PENDING};
-use crate::sync::{self, AtomicUsize, Mutex, MutexGuard, Ordering};
+use crate::sync::{self, AtomicBool, AtomicUsize, Mutex, MutexGuard, Ordering};
 use std::any::Any;
 use std::fmt;
 use std::marker::PhantomPinned;
@@ -105,6 +105,7 @@ use std::mem::MaybeUninit;
 type ReleaseFn = Box<dyn Fn(&PercpuRef) + Send + Sync + 'static>;
 
 mod deferred;
+mod managed;
 mod ops;
 mod switch;
 
@@ -165,6 +166,9 @@ pub struct PercpuRef {
     /// protocol, so it is a plain std atomic even under loom.
     switch_owner: crate::sync::unmodeled::AtomicUsize,
     release: ReleaseFn,
+    /// A switch or `Drop` waits for the engine to hand this managed ref
+    /// back (`managed.rs`, invariant 4).
+    manager_stop: AtomicBool,
     _mode_line: MaybeUninit<[u8; MODE_LINE_PAD]>,
     /// The deferred switches hand the engine the ref's address: once
     /// pinned, it stays there until `Drop`, which waits for the engine.
@@ -184,7 +188,8 @@ const MODE_LINE_PAD: usize = 64usize.saturating_sub(
         + std::mem::size_of::<Counters>()
         + std::mem::size_of::<Mutex<SwitchState>>()
         + std::mem::size_of::<crate::sync::unmodeled::AtomicUsize>()
-        + std::mem::size_of::<ReleaseFn>(),
+        + std::mem::size_of::<ReleaseFn>()
+        + std::mem::size_of::<AtomicBool>(),
 );
 
 // The fast path's words: the mode word, then the counters, whose first
@@ -343,6 +348,7 @@ impl PercpuRef {
             }),
             switch_owner: crate::sync::unmodeled::AtomicUsize::new(0),
             release: Box::new(release),
+            manager_stop: AtomicBool::new(false),
             _mode_line: MaybeUninit::uninit(),
             _pinned: PhantomPinned,
         })
@@ -412,8 +418,22 @@ impl PercpuRef {
     }
 
     /// Takes the switch lock, once no deferred switch of this ref is
-    /// pending (a pending switch is a switch in progress).
+    /// pending (a pending switch is a switch in progress), and ends a
+    /// management (`managed.rs`, invariant 5: every switch takes over).
     fn lock_switch(&self, op: &'static str) -> SwitchGuard<'_> {
+        loop {
+            let g = self.lock_switch_keeping_manager(op);
+            if self.end_management(&g) {
+                return g;
+            }
+            drop(g);
+            self.request_stop();
+            self.wait_not_pending(op);
+        }
+    }
+
+    /// [`lock_switch`](Self::lock_switch), leaving a managed ref managed.
+    fn lock_switch_keeping_manager(&self, op: &'static str) -> SwitchGuard<'_> {
         let me = sync::thread_token();
         assert!(
             self.switch_owner.load(crate::sync::unmodeled::Ordering::Relaxed) != me
@@ -429,6 +449,7 @@ impl PercpuRef {
                 return SwitchGuard { r: self, state };
             }
             drop(state);
+            self.request_stop();
             self.wait_not_pending(op);
         }
     }
@@ -470,6 +491,7 @@ impl fmt::Debug for PercpuRef {
                 },
             )
             .field("dead", &(mode & MODE_DEAD != 0))
+            .field("managed", &(mode & crate::percpu::MODE_MANAGED != 0))
             .field("atomic_count", &self.atomic_count())
             .field("backend", &self.backend())
             .finish()
@@ -509,6 +531,7 @@ impl PercpuRef {
             );
             std::process::abort();
         }
+        self.request_stop();
         grace::wait_until(|| self.is_pending());
     }
 }

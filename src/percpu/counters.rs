@@ -228,6 +228,23 @@ impl Counters {
         }
     }
 
+    /// The wrapping sum of every counter while adds may still commit: a
+    /// racy snapshot, for the managed scan's guess (`percpu_ref/managed.rs`)
+    /// on the rseq backend (and its model), the only one whose refs are
+    /// scanned.
+    pub(crate) fn racy_sum(&self) -> u64 {
+        debug_assert_eq!(self.backend(), Backend::Rseq, "only rseq refs are scanned");
+        #[cfg(not(percpu_ref_loom))]
+        {
+            self.slot.sum()
+        }
+        #[cfg(percpu_ref_loom)]
+        match &self.kind {
+            Kind::Sharded(_) => unreachable!("only rseq refs are scanned"),
+            Kind::Model(s) => s.racy_sum(),
+        }
+    }
+
     /// Zeroes every counter (mode is atomic and sealed, lock held).
     pub(crate) fn reset(&self) {
         #[cfg(not(percpu_ref_loom))]

@@ -60,7 +60,7 @@
 //! folds into "the section runs later"; the grace period is the only abort
 //! the protocol relies on.
 
-use super::{cpus::possible_cpus, sharded::thread_index, MODE_ATOMIC};
+use super::{cpus::possible_cpus, sharded::thread_index, MODE_ATOMIC, MODE_UNMARKED};
 use crate::sync::{self, AtomicUsize, Mutex, Ordering};
 use loom::cell::UnsafeCell;
 use std::cell::Cell;
@@ -98,7 +98,9 @@ impl ModelCpus {
         let _section = sync::lock(&SECTIONS[cpu]);
         // Acquire (as the aarch64 section's load): a section that sees
         // percpu mode must see the zeroed counters `reset` left.
-        if mode.load(Ordering::Acquire) & MODE_ATOMIC != 0 {
+        // An unmarked managed ref has a bound of 0 on the real backend: the
+        // model refuses it as the section's compare does.
+        if mode.load(Ordering::Acquire) & (MODE_ATOMIC | MODE_UNMARKED) != 0 {
             return false;
         }
         // SAFETY: inside this CPU's section; no other section runs here, and
@@ -114,6 +116,18 @@ impl ModelCpus {
             // SAFETY: every section on this CPU either ended before the grace
             // period took its lock or saw MODE_ATOMIC and wrote nothing.
             sum.wrapping_add(cpu.with(|c| unsafe { *c }))
+        })
+    }
+
+    /// The sum of every CPU's counter while sections may still count: each
+    /// counter is read inside its CPU's section (as the real backend's
+    /// plain loads read each whole), so the sum is a racy snapshot, exact
+    /// only once nothing counts any more.
+    pub(crate) fn racy_sum(&self) -> u64 {
+        self.cpus.iter().enumerate().fold(0u64, |sum, (cpu, c)| {
+            let _section = sync::lock(&SECTIONS[cpu]);
+            // SAFETY: inside this CPU's section, where no other runs.
+            sum.wrapping_add(c.with(|c| unsafe { *c }))
         })
     }
 

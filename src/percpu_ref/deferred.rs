@@ -33,6 +33,12 @@ impl Confirm {
 /// its temporary reference (and, for a kill, the base reference) was put,
 /// so a `release` that was due has run. The kernel's `rcu_barrier`.
 ///
+/// Also every managed ref ([`PercpuRef::switch_to_managed`]) whose last
+/// reference was put before the call has been released: the engine's
+/// rounds are run until one queued no managed ref's scan, at most eight
+/// (a managed ref that other threads go on using keeps being scanned, and
+/// is left to the engine).
+///
 /// Returns at once when nothing was queued. Cuts the engine's gathering
 /// delay short.
 ///
@@ -59,7 +65,7 @@ impl Confirm {
 /// assert!(r.is_zero()); // the base reference was put: released
 /// ```
 pub fn flush() {
-    grace::flush();
+    super::managed::flush();
 }
 
 impl PercpuRef {
@@ -516,7 +522,7 @@ fn report_on_engine(d: &mut AfterUnlock, op: &str) {
 
 /// Reports a panic of a deferred `confirm` or `release` (caught on the
 /// engine thread, which goes on).
-fn report_engine_panic(op: &str, what: &str, payload: &(dyn Any + Send)) {
+pub(super) fn report_engine_panic(op: &str, what: &str, payload: &(dyn Any + Send)) {
     let msg = payload
         .downcast_ref::<&str>()
         .copied()

@@ -3,7 +3,7 @@
 
 use super::PercpuRef;
 use crate::atomic_mode::{AddOutcome, PutOutcome, MAX_COUNT, UNCHECKED_N_LIMIT};
-use crate::percpu::{Counters, MODE_ATOMIC, MODE_DEAD, PERCPU_N_LIMIT};
+use crate::percpu::{Counters, MODE_ATOMIC, MODE_DEAD, MODE_MANAGED, PERCPU_N_LIMIT};
 use crate::sync::Ordering;
 
 impl PercpuRef {
@@ -132,6 +132,17 @@ impl PercpuRef {
     #[inline(always)]
     pub(crate) unsafe fn put_many_raw(this: *const Self, n: usize) {
         let n = checked_n("put_many", n);
+        // SAFETY: forwarded.
+        unsafe { Self::put_checked_raw(this, n) }
+    }
+
+    /// [`put_many_raw`](Self::put_many_raw) of an `n` already checked.
+    ///
+    /// # Safety
+    ///
+    /// As `put_many_raw`.
+    #[inline(always)]
+    pub(super) unsafe fn put_checked_raw(this: *const Self, n: u64) {
         if n == 0 {
             return;
         }
@@ -147,6 +158,15 @@ impl PercpuRef {
                 )
             };
         if !counted {
+            // A managed ref: its put must be seen by the engine
+            // (`managed.rs`, invariant 1), before it counts. One bit
+            // tested, so that an atomic-mode put pays two instructions.
+            // SAFETY: as above.
+            let mode = unsafe { &(*this).mode }.load(Ordering::Relaxed);
+            if mode & MODE_MANAGED != 0 {
+                // SAFETY: as above.
+                return unsafe { Self::put_managed(this, n) };
+            }
             // SAFETY: as above.
             unsafe { Self::put_atomic_raw(this, n) }
         }
@@ -156,7 +176,7 @@ impl PercpuRef {
     ///
     /// As [`put_many_raw`](Self::put_many_raw).
     #[inline(always)]
-    unsafe fn put_atomic_raw(this: *const Self, n: u64) {
+    pub(super) unsafe fn put_atomic_raw(this: *const Self, n: u64) {
         // SAFETY: alive until our decrement; `count` is only atomics.
         let count = unsafe { &(*this).count };
         match count.put(n) {

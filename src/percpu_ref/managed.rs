@@ -1,0 +1,629 @@
+//! Managed refs: released by the grace-period engine once nobody holds a
+//! reference, with no kill (the kernel's managed `percpu_ref` RFC, 2024).
+//!
+//! A ref with an owner and an end is killed, and its atomic count then
+//! sees the last put. Most shared objects have neither. A managed ref
+//! stays in percpu mode; the engine holds a *stand-in* reference of its
+//! own and looks, now and then, whether the count is down to that
+//! stand-in. The RFC scans every managed ref each period (a switch to
+//! atomic mode and back for each, alive or not). Here the engine looks
+//! only at refs a put has *marked* since its last look (Refcache's
+//! "only objects whose count changed"), a guess filters out the live
+//! ones, and only a ref the guess finds at the stand-in pays for an exact
+//! check:
+//!
+//! ```text
+//!   IDLE  ---- put: mark -------------------> MARKED (queued: clear)
+//!    ^                                           | engine: clear
+//!    |                                           v
+//!    +---- guess: alive (no put since) ---- SCANNING (bound 0; grace period)
+//!                                                | guess: count = stand-in
+//!                                                v
+//!          release <--- exactly 1 ----------- WINDOW (atomic; grace period, fold)
+//!                       else: back to percpu, SCANNING again
+//! ```
+//!
+//! **The mark rides on the rseq section's one compare.** The engine's
+//! *clear* sets `MODE_UNMARKED` and the section's CPU bound to 0. The next
+//! put's section then finds no counter (the same compare that rejects
+//! atomic mode), and the put's slow path marks the ref: one
+//! compare-and-swap clears the bit and restores the bound (queueing the
+//! ref if it was idle), and the put runs its section again. The per-CPU
+//! fast path gains no instruction; a busy ref pays one compare-and-swap
+//! per engine round. Gets and trygets need no mark (only a put can bring
+//! the count down to the stand-in): while unmarked they count on the
+//! biased atomic counter, exact in either mode.
+//!
+//! **The guess** is a racy sum: the atomic counter less `BIAS`, plus the
+//! per-CPU counters read while sections may still commit. It can be wrong
+//! either way, so it only decides where to look next; the release is
+//! decided in the window, which is a real switch to atomic mode (grace
+//! period, exact fold) and an election from exactly 1, the stand-in, to
+//! `RELEASED`.
+//!
+//! # Invariants
+//!
+//! 1. **No put goes unseen.** A put that lowers the count is either in the
+//!    sum of the scan that follows the clear, or marks the ref after the
+//!    clear. The clear precedes a grace period and the scan follows it: a
+//!    section that read the old bound committed before the grace period
+//!    (its add is in the sum) or was aborted and runs again with bound 0,
+//!    and takes the slow path, which marks before it counts. A put that
+//!    cannot count per CPU (its thread has no counter in the arena, or
+//!    `n >= 2^16`) sets `MODE_POLLED` before its atomic put, and a polled
+//!    ref is scanned every round until it is released.
+//! 2. **A ref goes idle, and a ref enters the window, only by a
+//!    compare-and-swap from the unmarked mode word that its scan read**:
+//!    a mark or a poll in between makes it fail, and the engine clears
+//!    and scans again. So an idle ref's last put was in a sum that showed
+//!    more than the stand-in, and every later put marks it.
+//! 3. **Release exactly once, never while a reference is held**: only the
+//!    window elects, from an exact count of 1 (after a grace period no
+//!    per-CPU add is in flight, and the fold is one RMW), by a
+//!    compare-and-swap that fails if any get, tryget or put landed since;
+//!    after it every tryget lands on `RELEASED` and fails.
+//! 4. **The engine owns a managed ref's mode while `MODE_PENDING` is set**
+//!    (from the mark that queues it to the end of its scan): no switch
+//!    starts, and `Drop` waits (invariant 4 of `grace`). A switch, or
+//!    `Drop`, that finds it pending sets `stop`, and the engine hands the
+//!    ref back at its next step, marked and unreleased. A put touches
+//!    nothing of the ref after its counting add, so a release may free the
+//!    ref as soon as it is elected.
+//! 5. **Any switch ends the management** (the kill takes over): under the
+//!    switch lock and with nothing pending, one compare-and-swap clears
+//!    `MANAGED`, `UNMARKED` and `POLLED` and restores the bound, and the
+//!    stand-in is put. From then on the ref is an ordinary ref whose base
+//!    reference its caller holds.
+//!
+//! Where nothing is per CPU (the sharded backend, or a ref already in
+//! atomic mode) `switch_to_managed` keeps the ref in atomic mode (a
+//! sharded ref is switched, sticky) and sets no bit: the put that lands
+//! on zero releases it at once, on its own thread, and the engine never
+//! sees it.
+
+use super::deferred::report_engine_panic;
+use super::switch::miscount_message;
+use super::{AfterUnlock, PercpuRef, SwitchGuard};
+use crate::flags::Error;
+use crate::grace::{self, Callback, Entry};
+use crate::percpu::{
+    Backend, Counters, MODE_ATOMIC, MODE_DEAD, MODE_LIMIT, MODE_MANAGED, MODE_PENDING, MODE_POLLED,
+    MODE_UNMARKED, PERCPU_N_LIMIT,
+};
+use crate::sync::Ordering;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::pin::Pin;
+
+/// Managed entries queued so far, for [`flush`]'s loop (a count, not a
+/// part of the protocol).
+static QUEUED: crate::sync::unmodeled::AtomicU64 = crate::sync::unmodeled::AtomicU64::new(0);
+
+/// The most engine rounds a managed ref whose last put came before a
+/// [`flush`] can need: the entry queued then, a clear, a scan that finds
+/// it marked, a scan, the window.
+const FLUSH_ROUNDS: usize = 8;
+
+/// The engine's part of [`crate::flush`]: runs flushes until a round
+/// queued no managed entry (a ref released, or found alive and left
+/// idle), at most [`FLUSH_ROUNDS`] (a ref in use on another thread keeps
+/// being scanned).
+pub(super) fn flush() {
+    for _ in 0..FLUSH_ROUNDS {
+        let before = QUEUED.load(crate::sync::unmodeled::Ordering::Relaxed);
+        grace::flush();
+        if QUEUED.load(crate::sync::unmodeled::Ordering::Relaxed) == before {
+            return;
+        }
+    }
+}
+
+/// The operation named in what the engine reports of a managed ref.
+const OP: &str = "managed scan";
+
+/// The steps of a managed ref's scan, each an engine completion.
+#[derive(Clone, Copy)]
+enum Step {
+    Clear,
+    Scan,
+    Decide,
+}
+
+impl PercpuRef {
+    /// Hands the ref to the grace-period engine, which releases it once no
+    /// reference is held: the kernel's managed `percpu_ref`
+    /// (`percpu_ref_switch_to_managed`, RFC 2024). The caller keeps its
+    /// base reference and drops it with [`put`](Self::put) like any other;
+    /// no kill is needed. The engine takes a stand-in reference of its own
+    /// and, after a put, finds within a few of its rounds (about a
+    /// millisecond each) whether the count is down to the stand-in; then
+    /// it runs `release` on its thread, once. [`flush`](crate::flush)
+    /// makes that happen before it returns.
+    ///
+    /// In percpu mode on the rseq backend the gets and puts stay per-CPU;
+    /// the engine looks only at refs put since its last look (module docs
+    /// of `percpu_ref::managed`, in docs/design.md). On the sharded
+    /// backend, or in atomic mode, the ref is kept in atomic mode instead
+    /// (the sharded backend is switched, sticky): the put that reaches
+    /// zero releases it, on its own thread.
+    ///
+    /// Any switch ends the management ([`kill`](Self::kill) takes over:
+    /// the engine drops its stand-in and the kill puts the base reference,
+    /// as for an unmanaged ref). `tryget` keeps working until the release
+    /// (a managed ref can be revived by a tryget before the engine saw its
+    /// count at the stand-in, which `Arc`'s `Weak` cannot).
+    ///
+    /// The engine keeps the ref's address, hence `Pin`, as for
+    /// [`kill`](Self::kill); dropping a managed ref that the engine is
+    /// scanning waits for its step and does not release it.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::AlreadyDead`] on a dead ref, [`Error::AlreadyManaged`] on a
+    /// managed one ([`is_managed`](Self::is_managed)); nothing changes.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use percpu_ref::PercpuRef;
+    /// use std::sync::atomic::{AtomicBool, Ordering};
+    /// use std::sync::Arc;
+    ///
+    /// let released = Arc::new(AtomicBool::new(false));
+    /// let rel = released.clone();
+    /// let r = Box::pin(PercpuRef::new(move |_| rel.store(true, Ordering::SeqCst)));
+    /// r.as_ref().switch_to_managed().unwrap();
+    /// r.get(); // per CPU, as before
+    /// r.put();
+    /// r.put(); // the base reference: no kill
+    /// percpu_ref::flush(); // the engine saw the count at its stand-in
+    /// assert!(released.load(Ordering::SeqCst));
+    /// assert!(!r.tryget());
+    /// ```
+    pub fn switch_to_managed(self: Pin<&Self>) -> Result<(), Error> {
+        const OP: &str = "switch_to_managed";
+        let r = self.get_ref();
+        let mut g = r.lock_switch_keeping_manager(OP);
+        let mode = r.mode();
+        if mode & MODE_DEAD != 0 {
+            return Err(Error::AlreadyDead { op: OP });
+        }
+        if mode & MODE_MANAGED != 0 {
+            r.resume_management(&g);
+            return Err(Error::AlreadyManaged { op: OP });
+        }
+        if mode & MODE_ATOMIC != 0 {
+            // The atomic count releases the ref at zero by itself.
+            return Ok(());
+        }
+        if r.counters.backend() != Backend::Rseq {
+            // Nothing to scan without per-CPU sections: atomic for good.
+            g.state.force_atomic = true;
+            let s = r.switch_to_atomic_locked(&mut g, |_| {}, mode, OP)?;
+            let mut after = AfterUnlock::default();
+            r.finish_atomic_switch(&mut after, s, OP, false);
+            drop(g);
+            r.run_after_unlock(after);
+            return Ok(());
+        }
+        // The stand-in, then idle and unmarked: the first put marks it.
+        r.get();
+        // ordering-audit: Relaxed: under the switch lock with nothing
+        // pending, no one else writes the word; a section that reads the
+        // bound of 0 goes to the atomic counter, exact in either mode.
+        r.mode.store(
+            mode & !MODE_LIMIT | MODE_MANAGED | MODE_UNMARKED,
+            Ordering::Relaxed,
+        );
+        drop(g);
+        Ok(())
+    }
+
+    /// True while the engine manages the ref ([`switch_to_managed`](Self::switch_to_managed)
+    /// of a ref in percpu mode on the rseq backend), until its release or a
+    /// switch; false for a ref that `switch_to_managed` kept in atomic
+    /// mode (its atomic count releases it by itself). A snapshot.
+    #[must_use]
+    pub fn is_managed(&self) -> bool {
+        self.mode() & MODE_MANAGED != 0
+    }
+
+    // ----- the put's side -------------------------------------------------
+
+    /// A put of `n` on a managed ref in percpu mode that its section did
+    /// not count: marks the ref if the engine cleared it (invariant 1) and
+    /// runs the section again; polls it if this put cannot count per CPU.
+    ///
+    /// # Safety
+    ///
+    /// As `put_many_raw`: `this` is live while the caller's `n` references
+    /// are held, and they are given up here. Nothing of the ref is touched
+    /// after the counting add (invariant 4).
+    #[cold]
+    #[inline(never)]
+    pub(super) unsafe fn put_managed(this: *const Self, n: u64) {
+        // SAFETY: the caller's references keep the ref alive until the
+        // counting add below, after which it is not used.
+        let r = unsafe { &*this };
+        loop {
+            // ordering-audit: Relaxed: this load only picks the branch; the
+            // section reads the word again itself, with the order the
+            // switch back needs (its zeroed counters before the bound).
+            let m = r.mode.load(Ordering::Relaxed);
+            if m & MODE_ATOMIC != 0 {
+                // In the window (which holds the stand-in, so the atomic
+                // counter cannot reach zero there), or released.
+                // SAFETY: forwarded.
+                return unsafe { Self::put_atomic_raw(this, n) };
+            }
+            if m & MODE_MANAGED == 0 {
+                // No longer managed: the ordinary put.
+                // SAFETY: forwarded.
+                return unsafe { Self::put_unmanaged_raw(this, n) };
+            }
+            if m & MODE_UNMARKED != 0 {
+                r.mark(m);
+                continue;
+            }
+            if n < PERCPU_N_LIMIT
+                // SAFETY: as `put_many_raw`; the add is this function's last
+                // access to the ref.
+                && unsafe {
+                    Counters::try_add_raw(
+                        &raw const (*this).counters,
+                        &raw const (*this).mode,
+                        n.wrapping_neg(),
+                    )
+                }
+            {
+                return;
+            }
+            if r.mode.load(Ordering::Relaxed) != m {
+                continue;
+            }
+            // Marked and still refused: this thread has no counter in the
+            // arena, or `n` is large. Poll before the atomic put, which is
+            // this function's last access (invariant 1).
+            if r.poll(m) {
+                // SAFETY: forwarded.
+                return unsafe { Self::put_atomic_raw(this, n) };
+            }
+        }
+    }
+
+    /// A put that the manager need not see, through a pointer.
+    ///
+    /// # Safety
+    ///
+    /// As [`put_managed`](Self::put_managed).
+    unsafe fn put_unmanaged_raw(this: *const Self, n: u64) {
+        // SAFETY: forwarded; the per-CPU path again if the ref is percpu
+        // and unmanaged, else the atomic one.
+        unsafe { Self::put_checked_raw(this, n) }
+    }
+
+    /// Marks an unmarked ref (`m` is its mode word as read): clears
+    /// `UNMARKED`, restores the bound and sets `PENDING`, in one
+    /// compare-and-swap; the winner on an idle ref queues its clear. A
+    /// lost race changes nothing: the caller reads the word again.
+    fn mark(&self, m: usize) {
+        let bound = self.counters.percpu_mode();
+        let new = m & !(MODE_UNMARKED | MODE_LIMIT) | MODE_PENDING | bound;
+        // ordering-audit: Relaxed: an RMW continues the release sequence of
+        // the engine's store it read (so a section that reads this bound
+        // sees the counters zeroed before that store) whatever its own
+        // order, and the put's section reads the word again itself.
+        if self
+            .mode
+            .compare_exchange(m, new, Ordering::Relaxed, Ordering::Relaxed)
+            .is_ok()
+            && m & MODE_PENDING == 0
+            // mutant managed_mark_not_queued: the mark of an idle ref does
+            // not queue its scan (the engine never looks at it again).
+            && !mutated!("managed_mark_not_queued")
+        {
+            // SAFETY: managed refs are pinned (`switch_to_managed`), and
+            // now pending: the engine owns the mode until it clears the
+            // bit, and `Drop` waits for that.
+            unsafe { self.enqueue_step(Step::Clear) };
+        }
+    }
+
+    /// Sets `POLLED` on a marked managed ref (`m` as read); false if the
+    /// word changed (the caller reads it again). An idle ref is queued.
+    fn poll(&self, m: usize) -> bool {
+        let new = m | MODE_POLLED | MODE_PENDING;
+        // Relaxed: the flag publishes nothing; the engine reads it by a
+        // compare-and-swap on this word (invariant 2).
+        if self
+            .mode
+            .compare_exchange(m, new, Ordering::Relaxed, Ordering::Relaxed)
+            .is_err()
+        {
+            return false;
+        }
+        if m & MODE_PENDING == 0 {
+            // SAFETY: as in `mark`.
+            unsafe { self.enqueue_step(Step::Clear) };
+        }
+        true
+    }
+
+    // ----- the engine's side ----------------------------------------------
+
+    /// Queues the next step of this ref's scan.
+    ///
+    /// # Safety
+    ///
+    /// The ref is managed, pinned and pending (invariant 4).
+    unsafe fn enqueue_step(&self, step: Step) {
+        let complete: grace::Complete = match step {
+            Step::Clear => Self::step_clear,
+            Step::Scan => Self::step_scan,
+            Step::Decide => Self::step_decide,
+        };
+        QUEUED.fetch_add(1, crate::sync::unmodeled::Ordering::Relaxed);
+        // The clear needs no grace period before it, the scan and the
+        // window do (after the clear, after the window's ATOMIC store).
+        let needs_gp = !matches!(step, Step::Clear);
+        // SAFETY: the ref stays at its address while pending (the caller's
+        // contract), and each step either queues the next or clears the bit.
+        let entry = unsafe { Entry::new(self.addr(), complete, None, needs_gp) };
+        grace::enqueue(entry);
+    }
+
+    /// Step 1: clear the mark (and the bound), so that the next put marks
+    /// it again; the scan follows a grace period.
+    ///
+    /// # Safety
+    ///
+    /// An engine completion: `this` is a managed ref, pending and pinned.
+    unsafe fn step_clear(this: *const (), _: Option<Callback>) {
+        // SAFETY: the caller's contract.
+        let r = unsafe { &*this.cast::<Self>() };
+        if r.stop_requested() {
+            return r.hand_back();
+        }
+        r.clear_mark();
+    }
+
+    /// Clears the mark and queues the scan.
+    fn clear_mark(&self) {
+        // ordering-audit: Relaxed: the scan that reads after it follows a
+        // grace period that starts after this store (the queue's lock and
+        // the engine's cookie order them, as for a deferred switch's
+        // ATOMIC store), and every writer meanwhile uses a compare-and-swap.
+        self.update_mode(|m| m & !MODE_LIMIT | MODE_UNMARKED);
+        // SAFETY: still managed, pinned and pending.
+        unsafe { self.enqueue_step(Step::Scan) };
+    }
+
+    /// Step 2, a grace period after the clear: the guess (module docs).
+    ///
+    /// # Safety
+    ///
+    /// As [`step_clear`](Self::step_clear).
+    unsafe fn step_scan(this: *const (), _: Option<Callback>) {
+        // SAFETY: the caller's contract.
+        let r = unsafe { &*this.cast::<Self>() };
+        if r.stop_requested() {
+            return r.hand_back();
+        }
+        // ordering-audit: Relaxed: what the guess reads is atomic (the
+        // count) or read under each CPU's section (the counters), and the
+        // compare-and-swap below acts only if the word is still this one.
+        let m = r.mode.load(Ordering::Relaxed);
+        // mutant managed_scan_ignores_mark: guess on a ref a put marked
+        // since the clear, as if unmarked (a put after the sum goes unseen).
+        if m & MODE_UNMARKED == 0 && !mutated!("managed_scan_ignores_mark") {
+            return r.clear_mark();
+        }
+        let guess = r
+            .count
+            .load()
+            .wrapping_sub(crate::atomic_mode::BIAS)
+            .wrapping_add(r.counters.racy_sum());
+        let next = if guess == 1 {
+            // The window: atomic mode, as a switch's step 1.
+            m & !MODE_LIMIT | MODE_ATOMIC
+        } else if m & MODE_POLLED != 0 {
+            // Polled: scanned again next round, still unmarked.
+            // SAFETY: still managed, pinned and pending.
+            return unsafe { r.enqueue_step(Step::Scan) };
+        } else {
+            // Alive: idle until the next put.
+            m & !MODE_PENDING
+        };
+        // mutant managed_idle_by_store: go idle (or atomic) by a store, so
+        // that a put marking the ref in between is lost.
+        let moved = if mutated!("managed_idle_by_store") {
+            // ordering-audit: mutant only (managed_idle_by_store).
+            r.mode.store(next, Ordering::Relaxed);
+            true
+        } else {
+            // ordering-audit: kept: Release, as the engine's last access
+            // when the ref goes idle: the guess's reads of the counters and
+            // the count happen before a `Drop` that sees PENDING clear
+            // (`is_pending`'s acquire) frees them. Loom does not treat a
+            // free as an access; the same pairing for the release is
+            // caught (`managed_release_before_drop_returns`).
+            r.mode
+                .compare_exchange(m, next, Ordering::Release, Ordering::Relaxed)
+                .is_ok()
+        };
+        if !moved {
+            // Marked or polled since the read: look again (invariant 2).
+            return r.clear_mark();
+        }
+        if next & MODE_ATOMIC != 0 {
+            // SAFETY: still managed, pinned and pending.
+            unsafe { r.enqueue_step(Step::Decide) };
+        }
+    }
+
+    /// Step 3, a grace period after the window opened: the exact count,
+    /// and the release if it is the stand-in alone.
+    ///
+    /// # Safety
+    ///
+    /// As [`step_clear`](Self::step_clear).
+    unsafe fn step_decide(this: *const (), _: Option<Callback>) {
+        // SAFETY: the caller's contract; not used after a release that
+        // dropped the ref (`grace::freed`).
+        let r = unsafe { &*this.cast::<Self>() };
+        let sum = r.counters.sum_after_grace_period();
+        if let Some(msg) = miscount_message(r.count.fold_percpu_sum(sum), OP) {
+            // More puts than gets (or an overflow): parked, never
+            // released, as any ref whose fold finds it; no longer managed.
+            eprintln!("percpu_ref: grace-period engine: {msg}");
+            r.update_mode(|m| m & !(MODE_MANAGED | MODE_POLLED | MODE_PENDING));
+            return;
+        }
+        // mutant managed_no_window: release on the guess alone, without the
+        // election from exactly 1 (a reference taken since is released
+        // under, and the counter never reaches RELEASED).
+        let elected = !r.stop_requested()
+            && (mutated!("managed_no_window") || r.count.elect_release_of_last());
+        if elected {
+            r.update_mode(|m| m & !(MODE_MANAGED | MODE_POLLED) | MODE_DEAD);
+            if let Err(payload) = catch_unwind(AssertUnwindSafe(|| (r.release)(r))) {
+                report_engine_panic(OP, "release", &*payload);
+            }
+            if grace::freed() {
+                return;
+            }
+            // The engine's last access (as a deferred switch's). Release: the
+            // release callback's work happens before a `Drop` or switch that
+            // sees PENDING clear goes on.
+            r.mode.fetch_and(!MODE_PENDING, Ordering::Release);
+            return;
+        }
+        // Someone holds a reference: back to percpu mode (as
+        // `switch_to_percpu_locked`: bias, zeroes, then the word), unmarked,
+        // and scanned again, since puts made in the window marked nothing.
+        if r.count.add_bias().is_err() {
+            unreachable!("percpu_ref: {OP}: the stand-in keeps the count above zero");
+        }
+        r.counters.reset();
+        if r.stop_requested() {
+            return r.hand_back();
+        }
+        // Release: a section that reads the bound a mark restores sees the
+        // zeroed counters (the mark's RMW continues this release sequence).
+        r.mode.store(
+            r.mode() & !(MODE_ATOMIC | MODE_LIMIT) | MODE_UNMARKED,
+            Ordering::Release,
+        );
+        // SAFETY: still managed, pinned and pending.
+        unsafe { r.enqueue_step(Step::Scan) };
+    }
+
+    /// Applies `f` to the mode word by compare-and-swap (marks and polls
+    /// may land meanwhile; each retry applies `f` to what they left).
+    fn update_mode(&self, f: impl Fn(usize) -> usize) {
+        let mut m = self.mode();
+        loop {
+            // ordering-audit: kept: Release for the callers that end the
+            // engine's access by clearing PENDING (`hand_back`, a parked
+            // miscount): what the engine did to the ref (a hand-back after
+            // the window zeroes the counters) happens before the waiting
+            // switch or `Drop` (`is_pending`'s acquire) goes on, as for a
+            // deferred switch's last store. No model reaches a hand-back
+            // from the window; the same pairing is caught for the release
+            // (`managed_release_before_drop_returns`).
+            match self
+                .mode
+                .compare_exchange_weak(m, f(m), Ordering::Release, Ordering::Relaxed)
+            {
+                Ok(_) => return,
+                Err(actual) => m = actual,
+            }
+        }
+    }
+
+    /// Whether a switch or `Drop` asked the engine to let go.
+    fn stop_requested(&self) -> bool {
+        // ordering-audit: Relaxed: a request, which publishes nothing: the
+        // hand-back's release and the waiter's acquire of PENDING order the
+        // ref's state.
+        self.manager_stop.load(Ordering::Relaxed)
+    }
+
+    /// Ends a scan at a switch's or `Drop`'s request: percpu mode, marked,
+    /// not pending, not released (invariant 4). The counters are valid in
+    /// percpu mode here (the window, if any, was closed first).
+    fn hand_back(&self) {
+        let bound = self.counters.percpu_mode();
+        self.update_mode(|m| {
+            m & !(MODE_UNMARKED | MODE_LIMIT | MODE_PENDING | MODE_ATOMIC) | bound
+        });
+    }
+
+    // ----- switches end the management ------------------------------------
+
+    /// Asks the engine to hand this pending managed ref back (a switch or
+    /// `Drop` waits for it).
+    pub(super) fn request_stop(&self) {
+        if self.mode() & MODE_MANAGED != 0 {
+            // ordering-audit: Relaxed: as `stop_requested`.
+            self.manager_stop.store(true, Ordering::Relaxed);
+        }
+    }
+
+    /// Under the switch lock, with nothing pending, for a caller that
+    /// leaves the ref managed: if the engine handed the ref back at its
+    /// request (marked, so no put would queue it again), queue it again.
+    fn resume_management(&self, _g: &SwitchGuard<'_>) {
+        self.manager_stop.store(false, Ordering::Relaxed);
+        let m = self.mode();
+        // ordering-audit: Relaxed: under the switch lock, after the
+        // engine's release of the ref (the caller's wait acquired it); the
+        // queue's lock orders the step after this store.
+        if m & (MODE_UNMARKED | MODE_PENDING | MODE_ATOMIC) == 0
+            && self
+                .mode
+                .compare_exchange(m, m | MODE_PENDING, Ordering::Relaxed, Ordering::Relaxed)
+                .is_ok()
+        {
+            // SAFETY: managed refs are pinned, and this one is now pending.
+            unsafe { self.enqueue_step(Step::Clear) };
+        }
+    }
+
+    /// Under the switch lock, with nothing pending: ends the management
+    /// (invariant 5) and puts the stand-in. False if a put queued the ref
+    /// meanwhile: the caller waits for the engine and tries again.
+    pub(super) fn end_management(&self, _g: &SwitchGuard<'_>) -> bool {
+        let mut m = self.mode();
+        let bound = self.counters.percpu_mode();
+        loop {
+            if m & MODE_MANAGED == 0 {
+                return true;
+            }
+            if m & MODE_PENDING != 0 {
+                return false;
+            }
+            let percpu = m & MODE_ATOMIC == 0;
+            let mut new = m & !(MODE_MANAGED | MODE_UNMARKED | MODE_POLLED);
+            if percpu {
+                new = new & !MODE_LIMIT | bound;
+            }
+            // ordering-audit: Relaxed: the caller's wait for PENDING to
+            // clear (`is_pending`'s acquire) already ordered the engine's
+            // work before this; the new word publishes nothing new.
+            match self
+                .mode
+                .compare_exchange(m, new, Ordering::Relaxed, Ordering::Relaxed)
+            {
+                Ok(_) => {
+                    self.manager_stop.store(false, Ordering::Relaxed);
+                    if percpu {
+                        // The stand-in (an atomic-mode managed ref has none).
+                        self.put();
+                    }
+                    return true;
+                }
+                Err(actual) => m = actual,
+            }
+        }
+    }
+}
