@@ -5,6 +5,7 @@
 //! operations, with the engine scanning in the middle of the stream.
 
 use percpu_ref::{Backend, Error, InitFlags, PercpuRef};
+use std::panic::AssertUnwindSafe;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::SeqCst};
 use std::sync::{Arc, Barrier};
@@ -399,4 +400,67 @@ fn stress_churn() {
     percpu_ref::flush();
     assert_eq!(released.load(SeqCst), THREADS * per);
     assert!(kept.iter().all(|r| r.is_zero()));
+}
+
+/// A child forked while the parent's managed refs are in use, half of
+/// them with a scan queued at that moment, puts the references it
+/// inherited: each copy is released once, in the child, by the child's
+/// own engine (started there anew); the parent's refs are untouched, and
+/// released in the parent once it puts its own.
+#[cfg(all(unix, not(miri)))]
+#[test]
+fn a_forked_child_puts_what_it_inherited() {
+    const REFS: usize = 64;
+    for _ in 0..common::scaled(20).max(2) {
+        let released = Arc::new(AtomicUsize::new(0));
+        let refs: Vec<Pin<Box<PercpuRef>>> = (0..REFS)
+            .map(|_| {
+                let released = released.clone();
+                let r = Box::pin(PercpuRef::new(move |_| {
+                    released.fetch_add(1, SeqCst);
+                }));
+                r.as_ref().switch_to_managed().unwrap();
+                r.get();
+                r
+            })
+            .collect();
+        for r in refs.iter().step_by(2) {
+            r.get();
+            r.put(); // marks it: a scan queued across the fork
+        }
+        // SAFETY: the child runs this crate's code (its fork handlers hold
+        // the engine's and the arena's locks across the fork) and std
+        // allocation, then `_exit`s without unwinding.
+        let pid = unsafe { libc::fork() };
+        assert!(pid >= 0, "fork: {}", std::io::Error::last_os_error());
+        if pid == 0 {
+            let code = std::panic::catch_unwind(AssertUnwindSafe(|| {
+                for r in &refs {
+                    r.put();
+                    r.put();
+                }
+                percpu_ref::flush();
+                if released.load(SeqCst) == REFS {
+                    0
+                } else {
+                    2
+                }
+            }))
+            .unwrap_or(3);
+            // SAFETY: ends the child without the parent's atexit handlers.
+            unsafe { libc::_exit(code) };
+        }
+        let status = common::wait_or_kill(pid, Duration::from_secs(60));
+        assert!(
+            matches!(status, Some(st) if libc::WIFEXITED(st) && libc::WEXITSTATUS(st) == 0),
+            "the child failed (exit 2: a release missing, 3: a panic): {status:?}"
+        );
+        assert_eq!(released.load(SeqCst), 0, "the parent saw a release");
+        for r in &refs {
+            r.put();
+            r.put();
+        }
+        percpu_ref::flush();
+        assert_eq!(released.load(SeqCst), REFS);
+    }
 }

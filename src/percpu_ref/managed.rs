@@ -423,8 +423,9 @@ impl PercpuRef {
             .wrapping_sub(crate::atomic_mode::BIAS)
             .wrapping_add(r.counters.racy_sum());
         let next = if guess == 1 {
-            // The window: atomic mode, as a switch's step 1.
-            m & !MODE_LIMIT | MODE_ATOMIC
+            // The window: atomic mode, as a switch's step 1 (puts there
+            // need no mark: the window ends in another scan).
+            m & !(MODE_LIMIT | MODE_UNMARKED) | MODE_ATOMIC
         } else if m & MODE_POLLED != 0 {
             // Polled: scanned again next round, still unmarked.
             // SAFETY: still managed, pinned and pending.
@@ -475,7 +476,7 @@ impl PercpuRef {
             // More puts than gets (or an overflow): parked, never
             // released, as any ref whose fold finds it; no longer managed.
             eprintln!("percpu_ref: grace-period engine: {msg}");
-            r.update_mode(|m| m & !(MODE_MANAGED | MODE_POLLED | MODE_PENDING));
+            r.update_mode(|m| m & !(MODE_MANAGED | MODE_POLLED | MODE_UNMARKED | MODE_PENDING));
             return;
         }
         // mutant managed_no_window: release on the guess alone, without the
@@ -484,7 +485,7 @@ impl PercpuRef {
         let elected = !r.stop_requested()
             && (mutated!("managed_no_window") || r.count.elect_release_of_last());
         if elected {
-            r.update_mode(|m| m & !(MODE_MANAGED | MODE_POLLED) | MODE_DEAD);
+            r.update_mode(|m| m & !(MODE_MANAGED | MODE_POLLED | MODE_UNMARKED) | MODE_DEAD);
             if let Err(payload) = catch_unwind(AssertUnwindSafe(|| (r.release)(r))) {
                 report_engine_panic(OP, "release", &*payload);
             }
