@@ -5,7 +5,6 @@
 //! operations, with the engine scanning in the middle of the stream.
 
 use percpu_ref::{Backend, Error, InitFlags, PercpuRef};
-use std::panic::AssertUnwindSafe;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::SeqCst};
 use std::sync::{Arc, Barrier};
@@ -434,7 +433,7 @@ fn a_forked_child_puts_what_it_inherited() {
         let pid = unsafe { libc::fork() };
         assert!(pid >= 0, "fork: {}", std::io::Error::last_os_error());
         if pid == 0 {
-            let code = std::panic::catch_unwind(AssertUnwindSafe(|| {
+            let code = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
                 for r in &refs {
                     r.put();
                     r.put();
