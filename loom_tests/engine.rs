@@ -437,6 +437,56 @@ fn managed_release_before_drop_returns(backend: Backend) {
     engine.join().unwrap();
 }
 
+/// A tryget racing the scan (a `Weak::upgrade`) whose holder writes and
+/// then puts in the window: the election that releases after that put
+/// acquires it, so the release sees the write (loom reports the two as a
+/// race otherwise: no section lock or probe orders them).
+fn managed_release_sees_the_last_holders_writes(backend: Backend) {
+    let written = Arc::new(Written(loom::cell::UnsafeCell::new(0)));
+    let releases = Arc::new(AtomicUsize::new(0));
+    let r = {
+        let (w, n) = (written.clone(), releases.clone());
+        // SAFETY: the read is ordered after the holder's write by the
+        // release election (what the model checks).
+        let r = Arc::pin(
+            PercpuRef::with_backend(
+                move |_| {
+                    let _ = w.0.with(|v| unsafe { *v });
+                    n.fetch_add(1, SeqCst);
+                },
+                InitFlags::empty(),
+                backend,
+            )
+            .unwrap(),
+        );
+        r.as_ref().switch_to_managed().unwrap();
+        r
+    };
+    let holder = {
+        let (r, w) = (r.clone(), written.clone());
+        thread::spawn(move || {
+            if r.tryget() {
+                // SAFETY: the holder's write, before its put.
+                w.0.with_mut(|v| unsafe { *v = 1 });
+                r.put();
+            }
+        })
+    };
+    let engine = spawn_engine();
+    r.put();
+    holder.join().unwrap();
+    engine.join().unwrap();
+    percpu_ref::flush();
+    let released = releases.load(SeqCst);
+    if released != 1 {
+        // A ref left pending for ever (a lost scan): its drop would wait
+        // for it, so the model fails here instead of hanging.
+        std::mem::forget(r);
+        panic!("{released} releases of a managed ref whose count is down to the stand-in");
+    }
+    assert!(!r.tryget(), "a tryget succeeded on a released ref");
+}
+
 /// A kill of a managed ref while its last other reference is put and the
 /// engine scans it: the kill takes over, and the ref is released once,
 /// after the last put.
@@ -470,4 +520,5 @@ models! {
     managed_tryget_vs_last_put: preemptions 2, backends [sharded, rseq_model];
     managed_kill_vs_scan: preemptions 2, backends [sharded, rseq_model];
     managed_release_before_drop_returns: preemptions 2, backends [sharded, rseq_model];
+    managed_release_sees_the_last_holders_writes: preemptions 2, backends [sharded, rseq_model];
 }

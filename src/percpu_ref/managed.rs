@@ -388,10 +388,10 @@ impl PercpuRef {
 
     /// Clears the mark and queues the scan.
     fn clear_mark(&self) {
-        // ordering-audit: Relaxed: the scan that reads after it follows a
-        // grace period that starts after this store (the queue's lock and
-        // the engine's cookie order them, as for a deferred switch's
-        // ATOMIC store), and every writer meanwhile uses a compare-and-swap.
+        // The scan that reads after this follows a grace period that
+        // starts after it (the queue's lock and the engine's cookie order
+        // them, as for a deferred switch's ATOMIC store); marks and polls
+        // may land meanwhile, hence the compare-and-swap.
         self.update_mode(|m| m & !MODE_LIMIT | MODE_UNMARKED);
         // SAFETY: still managed, pinned and pending.
         unsafe { self.enqueue_step(Step::Scan) };
