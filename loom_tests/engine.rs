@@ -416,9 +416,9 @@ fn managed_release_before_drop_returns(backend: Backend) {
     let written = Arc::new(Written(loom::cell::UnsafeCell::new(0)));
     let r = {
         let w = written.clone();
-        // SAFETY: the only write; the read below is after the `Drop`.
         let r = Box::pin(
             PercpuRef::with_backend(
+                // SAFETY: the only write; the read below is after the `Drop`.
                 move |_| w.0.with_mut(|v| unsafe { *v = 1 }),
                 InitFlags::empty(),
                 backend,
@@ -446,11 +446,11 @@ fn managed_release_sees_the_last_holders_writes(backend: Backend) {
     let releases = Arc::new(AtomicUsize::new(0));
     let r = {
         let (w, n) = (written.clone(), releases.clone());
-        // SAFETY: the read is ordered after the holder's write by the
-        // release election (what the model checks).
         let r = Arc::pin(
             PercpuRef::with_backend(
                 move |_| {
+                    // SAFETY: the read is ordered after the holder's write
+                    // by the release election (what the model checks).
                     let _ = w.0.with(|v| unsafe { *v });
                     n.fetch_add(1, SeqCst);
                 },
