@@ -63,6 +63,16 @@ fn managed(backend: Backend) -> (Pin<Arc<PercpuRef>>, Arc<Probe>) {
     (r, p)
 }
 
+/// A managed ref on the default backend whose releases `released` counts.
+fn counting_managed(released: &Arc<AtomicUsize>) -> Pin<Box<PercpuRef>> {
+    let released = released.clone();
+    let r = Box::pin(PercpuRef::new(move |_| {
+        released.fetch_add(1, SeqCst);
+    }));
+    r.as_ref().switch_to_managed().unwrap();
+    r
+}
+
 /// One accounted put: the reference stops being held, then is put.
 fn put(r: &PercpuRef, p: &Probe) {
     p.held.fetch_sub(1, SeqCst);
@@ -276,16 +286,7 @@ fn a_large_put_is_seen() {
 fn many_refs_each_released_once() {
     let released = Arc::new(AtomicUsize::new(0));
     let n = common::scaled(10_000).max(2) & !1;
-    let refs: Vec<Pin<Box<PercpuRef>>> = (0..n)
-        .map(|_| {
-            let released = released.clone();
-            let r = Box::pin(PercpuRef::new(move |_| {
-                released.fetch_add(1, SeqCst);
-            }));
-            r.as_ref().switch_to_managed().unwrap();
-            r
-        })
-        .collect();
+    let refs: Vec<Pin<Box<PercpuRef>>> = (0..n).map(|_| counting_managed(&released)).collect();
     for (i, r) in refs.iter().enumerate() {
         if i % 2 == 0 {
             r.put();
@@ -372,11 +373,7 @@ fn stress_churn() {
             thread::spawn(move || {
                 let mut keep = Vec::new();
                 for i in 0..per {
-                    let released = released.clone();
-                    let r = Box::pin(PercpuRef::new(move |_| {
-                        released.fetch_add(1, SeqCst);
-                    }));
-                    r.as_ref().switch_to_managed().unwrap();
+                    let r = counting_managed(&released);
                     r.get();
                     r.put();
                     r.put();
@@ -414,11 +411,7 @@ fn a_forked_child_puts_what_it_inherited() {
         let released = Arc::new(AtomicUsize::new(0));
         let refs: Vec<Pin<Box<PercpuRef>>> = (0..REFS)
             .map(|_| {
-                let released = released.clone();
-                let r = Box::pin(PercpuRef::new(move |_| {
-                    released.fetch_add(1, SeqCst);
-                }));
-                r.as_ref().switch_to_managed().unwrap();
+                let r = counting_managed(&released);
                 r.get();
                 r
             })

@@ -83,12 +83,12 @@
 
 use super::deferred::report_engine_panic;
 use super::switch::miscount_message;
-use super::{AfterUnlock, PercpuRef, SwitchGuard};
+use super::{PercpuRef, SwitchGuard};
 use crate::flags::Error;
 use crate::grace::{self, Callback, Entry};
 use crate::percpu::{
-    Backend, Counters, MODE_ATOMIC, MODE_DEAD, MODE_LIMIT, MODE_MANAGED, MODE_PENDING, MODE_POLLED,
-    MODE_UNMARKED, PERCPU_N_LIMIT,
+    Backend, MODE_ATOMIC, MODE_DEAD, MODE_LIMIT, MODE_MANAGED, MODE_PENDING, MODE_POLLED,
+    MODE_UNMARKED,
 };
 use crate::sync::Ordering;
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -182,7 +182,7 @@ impl PercpuRef {
     pub fn switch_to_managed(self: Pin<&Self>) -> Result<(), Error> {
         const OP: &str = "switch_to_managed";
         let r = self.get_ref();
-        let mut g = r.lock_switch_keeping_manager(OP);
+        let g = r.lock_switch_keeping_manager(OP);
         let mode = r.mode();
         if mode & MODE_DEAD != 0 {
             return Err(Error::AlreadyDead { op: OP });
@@ -197,12 +197,8 @@ impl PercpuRef {
         }
         if r.counters.backend() != Backend::Rseq {
             // Nothing to scan without per-CPU sections: atomic for good.
-            g.state.force_atomic = true;
-            let s = r.switch_to_atomic_locked(&mut g, |_| {}, mode, OP)?;
-            let mut after = AfterUnlock::default();
-            r.finish_atomic_switch(&mut after, s, OP, false);
             drop(g);
-            r.run_after_unlock(after);
+            r.switch_to_atomic_sync();
             return Ok(());
         }
         // The stand-in, then idle and unmarked: the first put marks it.
@@ -258,23 +254,15 @@ impl PercpuRef {
             if m & MODE_MANAGED == 0 {
                 // No longer managed: the ordinary put.
                 // SAFETY: forwarded.
-                return unsafe { Self::put_unmanaged_raw(this, n) };
+                return unsafe { Self::put_checked_raw(this, n) };
             }
             if m & MODE_UNMARKED != 0 {
                 r.mark(m);
                 continue;
             }
-            if n < PERCPU_N_LIMIT
-                // SAFETY: as `put_many_raw`; the add is this function's last
-                // access to the ref.
-                && unsafe {
-                    Counters::try_add_raw(
-                        &raw const (*this).counters,
-                        &raw const (*this).mode,
-                        n.wrapping_neg(),
-                    )
-                }
-            {
+            // SAFETY: forwarded; the add is this function's last access to
+            // the ref.
+            if unsafe { Self::try_put_percpu_raw(this, n) } {
                 return;
             }
             if r.mode.load(Ordering::Relaxed) != m {
@@ -288,17 +276,6 @@ impl PercpuRef {
                 return unsafe { Self::put_atomic_raw(this, n) };
             }
         }
-    }
-
-    /// A put that the manager need not see, through a pointer.
-    ///
-    /// # Safety
-    ///
-    /// As [`put_managed`](Self::put_managed).
-    unsafe fn put_unmanaged_raw(this: *const Self, n: u64) {
-        // SAFETY: forwarded; the per-CPU path again if the ref is percpu
-        // and unmanaged, else the atomic one.
-        unsafe { Self::put_checked_raw(this, n) }
     }
 
     /// Marks an unmarked ref (`m` is its mode word as read): clears

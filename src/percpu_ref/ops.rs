@@ -146,18 +146,8 @@ impl PercpuRef {
         if n == 0 {
             return;
         }
-        // SAFETY: the caller's references keep `*this` alive until our
-        // decrement; no borrow formed here outlives it, except the mode
-        // word's (an atomic: allowed to dangle, as `Arc`'s counter).
-        let counted = n < PERCPU_N_LIMIT
-            && unsafe {
-                Counters::try_add_raw(
-                    &raw const (*this).counters,
-                    &raw const (*this).mode,
-                    n.wrapping_neg(),
-                )
-            };
-        if !counted {
+        // SAFETY: the caller's contract.
+        if !unsafe { Self::try_put_percpu_raw(this, n) } {
             // A managed ref: its put must be seen by the engine
             // (`managed.rs`, invariant 1), before it counts. One bit
             // tested, so that an atomic-mode put pays two instructions.
@@ -170,6 +160,28 @@ impl PercpuRef {
             // SAFETY: as above.
             unsafe { Self::put_atomic_raw(this, n) }
         }
+    }
+
+    /// The per-CPU put of `n` (below [`PERCPU_N_LIMIT`], else nothing),
+    /// through a pointer; true if it counted. Nothing of the ref is touched
+    /// after the counting add.
+    ///
+    /// # Safety
+    ///
+    /// As [`put_many_raw`](Self::put_many_raw).
+    #[inline(always)]
+    pub(super) unsafe fn try_put_percpu_raw(this: *const Self, n: u64) -> bool {
+        // SAFETY: the caller's references keep `*this` alive until our
+        // decrement; no borrow formed here outlives it, except the mode
+        // word's (an atomic: allowed to dangle, as `Arc`'s counter).
+        n < PERCPU_N_LIMIT
+            && unsafe {
+                Counters::try_add_raw(
+                    &raw const (*this).counters,
+                    &raw const (*this).mode,
+                    n.wrapping_neg(),
+                )
+            }
     }
 
     /// # Safety
