@@ -10,6 +10,9 @@
 //! - `percpu_ref`: [`PercpuRef::get`] + [`PercpuRef::put`] on one ref made
 //!   by [`PercpuRef::new`], so on the process default backend;
 //! - `arc`: `Arc::clone` + drop;
+//! - `shared`: `percpu_ref::shared::Shared` clone + drop on a promoted
+//!   value (per CPU, managed by the engine; on the sharded backend it
+//!   cannot be promoted and the row measures its atomic mode);
 //! - `arc_swap_load`: `ArcSwap::load` and drop of its guard, on one
 //!   `ArcSwap<u64>` (arc-swap's read side: a thread-local debt slot, no
 //!   shared write while the slot is free);
@@ -64,6 +67,7 @@ mod affinity;
 
 use arc_swap::ArcSwap;
 use criterion::{BenchmarkId, Criterion, Throughput};
+use percpu_ref::shared::Shared;
 use percpu_ref::{InitFlags, PercpuRef};
 use std::hint::black_box;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -106,6 +110,14 @@ impl Pair for ArcPair {
     #[inline(always)]
     fn pair(&self) {
         drop(black_box(Arc::clone(&self.0)));
+    }
+}
+
+struct SharedPair(Shared<u64>);
+impl Pair for SharedPair {
+    #[inline(always)]
+    fn pair(&self) {
+        drop(black_box(Shared::clone(&self.0)));
     }
 }
 
@@ -455,6 +467,7 @@ struct Rows {
     floor: Result<floor::Floor, String>,
     percpu: Percpu,
     arc: ArcPair,
+    shared: SharedPair,
     arc_swap: ArcSwapLoad,
     epoch: EpochPin,
 }
@@ -466,6 +479,11 @@ impl Rows {
             floor: floor::Floor::new(floor::Kind::Percpu),
             percpu: Percpu(PercpuRef::new(|_| {})),
             arc: ArcPair(Arc::new(0)),
+            shared: {
+                let s = Shared::new(0);
+                Shared::promote(&s);
+                SharedPair(s)
+            },
             arc_swap: ArcSwapLoad(ArcSwap::from_pointee(0)),
             epoch: EpochPin,
         }
@@ -486,7 +504,8 @@ impl Rows {
             f("floor", FLOOR, &|t, n| run(fl, t, n, cpus));
         }
         f("percpu_ref", PERCPU, &|t, n| run(&self.percpu, t, n, cpus));
-        f("arc", "Arc clone+drop", &|t, n| run(&self.arc, t, n, cpus));
+        f("arc", ARC, &|t, n| run(&self.arc, t, n, cpus));
+        f("shared", SHARED, &|t, n| run(&self.shared, t, n, cpus));
         f("arc_swap_load", "ArcSwap::load", &|t, n| {
             run(&self.arc_swap, t, n, cpus)
         });
@@ -512,6 +531,8 @@ impl Rows {
 
 const FLOOR: &str = "floor (inline rseq)";
 const PERCPU: &str = "percpu_ref get+put";
+const ARC: &str = "Arc clone+drop";
+const SHARED: &str = "Shared clone+drop";
 
 fn bench_peers(c: &mut Criterion, rows: &Rows, cpus: &[usize]) {
     let mut g = c.benchmark_group("peers");
@@ -620,7 +641,25 @@ fn summary(rows: &Rows, cpus: &[usize], ms: u64) {
         ),
         None => println!("percpu_ref / floor: not measured (floor skipped)"),
     }
-    for (label, cells) in table.iter().filter(|r| r.0 != FLOOR && r.0 != PERCPU) {
+    if let (Some(shared), Some(arc)) = (get(SHARED), get(ARC)) {
+        println!(
+            "Shared / percpu_ref: {:.2} at 1 thread, {:.2} at {all} threads (target <= 1.2; \
+             promoted: {})",
+            shared[0] / percpu[0],
+            at_all(shared) / at_all(percpu),
+            Shared::is_percpu(&rows.shared.0)
+        );
+        println!(
+            "Arc / Shared: {:.2} at 1 thread (target >= 2.5), {:.2} at {all} threads \
+             (target >= 10 at 2)",
+            arc[0] / shared[0],
+            at_all(arc) / at_all(shared)
+        );
+    }
+    for (label, cells) in table
+        .iter()
+        .filter(|r| r.0 != FLOOR && r.0 != PERCPU && r.0 != SHARED)
+    {
         println!(
             "{label} / percpu_ref: {:.2} at 1 thread (target >= 1.3), {:.2} at {all} threads \
              (target >= 1.5)",

@@ -30,6 +30,7 @@ use common::{check, models};
 use loom::sync::atomic::{AtomicBool, AtomicUsize, Ordering::SeqCst};
 use loom::thread;
 use percpu_ref::loom_support::step;
+use percpu_ref::shared::Shared;
 use percpu_ref::{Backend, InitFlags, PercpuRef};
 use std::pin::Pin;
 use std::sync::Arc;
@@ -505,6 +506,135 @@ fn managed_kill_vs_scan(backend: Backend) {
     assert!(!r.is_managed());
 }
 
+// ----- `shared::Shared` (`src/shared/`) ---------------------------------------
+
+/// A `Shared`'s value: holders read `cell`, its `Drop` writes it, so loom
+/// reports a drop not ordered after a holder's read; `drops` counts.
+struct Canary {
+    cell: loom::cell::UnsafeCell<u32>,
+    drops: Arc<AtomicUsize>,
+}
+
+// SAFETY: the cell is read by holders and written only by `Drop`, which
+// the model checks is ordered after every read.
+unsafe impl Sync for Canary {}
+
+impl Canary {
+    fn new(drops: &Arc<AtomicUsize>) -> Canary {
+        Canary {
+            cell: loom::cell::UnsafeCell::new(1),
+            drops: drops.clone(),
+        }
+    }
+
+    /// A holder's use of the value.
+    fn read(&self) {
+        // SAFETY: a handle is held: the drop must come after this read.
+        assert_eq!(self.cell.with(|v| unsafe { *v }), 1, "a dropped value read");
+    }
+}
+
+impl Drop for Canary {
+    fn drop(&mut self) {
+        // SAFETY: the value's last access, which the model checks.
+        self.cell.with_mut(|v| unsafe { *v = 0 });
+        self.drops.fetch_add(1, SeqCst);
+    }
+}
+
+/// After a `Shared` model: dropped once, and every block freed.
+fn shared_done(drops: &AtomicUsize) {
+    percpu_ref::flush();
+    assert_eq!(drops.load(SeqCst), 1, "a value dropped other than once");
+    assert_eq!(percpu_ref::loom_support::live_blocks(), 0, "a block leaked");
+}
+
+/// A value promoted by one handle's thread while the other handle, the
+/// last but one, is dropped and the engine runs: dropped once, after both
+/// handles, whichever of promotion and drops comes first (invariant 4 of
+/// `shared::block`: the promoting handle keeps the count above zero).
+fn shared_promotion_vs_last_drop(backend: Backend) {
+    let drops = Arc::new(AtomicUsize::new(0));
+    let v = percpu_ref::loom_support::shared_on(Canary::new(&drops), backend);
+    let a = v.clone();
+    let t = thread::spawn(move || {
+        Shared::promote(&a);
+        a.read();
+        drop(a);
+    });
+    let engine = spawn_engine();
+    v.read();
+    drop(v);
+    t.join().unwrap();
+    engine.join().unwrap();
+    shared_done(&drops);
+}
+
+/// A clone from a `Shared` and its drop on another thread, racing the last
+/// other handle's drop while the engine scans the promoted value.
+fn shared_clone_vs_scan(backend: Backend) {
+    let drops = Arc::new(AtomicUsize::new(0));
+    let v = percpu_ref::loom_support::shared_on(Canary::new(&drops), backend);
+    Shared::promote(&v);
+    let b = v.clone();
+    let t = thread::spawn(move || {
+        let c = b.clone();
+        drop(b);
+        c.read();
+        drop(c);
+    });
+    let engine = spawn_engine();
+    drop(v);
+    t.join().unwrap();
+    engine.join().unwrap();
+    shared_done(&drops);
+}
+
+/// A `Weak::upgrade` racing the last drop of a promoted value while the
+/// engine scans it: the upgrade either fails or holds a live value (it may
+/// revive it), the value is dropped once, and the `Weak`, dropped last or
+/// before the engine's free, leaves no block behind.
+fn shared_upgrade_vs_last_drop(backend: Backend) {
+    let drops = Arc::new(AtomicUsize::new(0));
+    let v = percpu_ref::loom_support::shared_on(Canary::new(&drops), backend);
+    Shared::promote(&v);
+    let w = Shared::downgrade(&v);
+    let t = thread::spawn(move || {
+        if let Some(u) = w.upgrade() {
+            u.read();
+        }
+        drop(w);
+    });
+    let engine = spawn_engine();
+    drop(v);
+    t.join().unwrap();
+    engine.join().unwrap();
+    shared_done(&drops);
+}
+
+/// An owned `Weak::tryget` racing the last `Ref`'s drop once the kill
+/// completed (atomic mode), the `Weak` dropped right after: a tryget must
+/// not revive a count that the put just took to zero, or the put's
+/// election, its last access, may come after the reviver's own last put
+/// released the object and its `Weak` freed the block (a use after free,
+/// found with the rcuref-style tryget of issue 35: `tryget_revives_zero`;
+/// loom sees it as its objects read from freed memory). In this suite
+/// because the engine completes the kill.
+fn owned_tryget_vs_last_put_after_kill(_: Backend) {
+    let owner = percpu_ref::owned::Owner::new(5u64);
+    let r = owner.get();
+    let w = owner.downgrade();
+    drop(owner); // a deferred kill (no drop glue)
+    percpu_ref::flush(); // the base reference is put: atomic mode, count 1
+    let t = thread::spawn(move || drop(r));
+    if let Some(x) = w.tryget() {
+        assert_eq!(*x, 5);
+    }
+    drop(w);
+    t.join().unwrap();
+    assert_eq!(percpu_ref::loom_support::live_blocks(), 0, "a block leaked");
+}
+
 // ----- the tests ------------------------------------------------------------
 
 models! {
@@ -521,4 +651,8 @@ models! {
     managed_kill_vs_scan: preemptions 2, backends [sharded, rseq_model];
     managed_release_before_drop_returns: preemptions 2, backends [sharded, rseq_model];
     managed_release_sees_the_last_holders_writes: preemptions 2, backends [sharded, rseq_model];
+    shared_promotion_vs_last_drop: preemptions 2, backends [sharded, rseq_model];
+    shared_clone_vs_scan: preemptions 2, backends [sharded, rseq_model];
+    shared_upgrade_vs_last_drop: preemptions 2, backends [sharded, rseq_model];
+    owned_tryget_vs_last_put_after_kill: preemptions 2, backends [sharded];
 }

@@ -1,5 +1,6 @@
 //! The shared atomic counter a ref uses in atomic mode: one unconditional
-//! read-modify-write per operation, as the kernel's `rcuref_t`.
+//! read-modify-write per get and put, as the kernel's `rcuref_t`, and a
+//! compare-and-swap per tryget.
 //!
 //! While a ref is in percpu mode its atomic counter holds `BIAS + a`, where
 //! `a` is whatever was added to it directly (the base ref at init, atomic
@@ -11,10 +12,10 @@
 //!
 //! # One add, and the zone it lands in
 //!
-//! A get, tryget or put of `n < 2^16` references (every `get`, `put`,
-//! `tryget` and `tryget_live`, and the small `_many` calls) is one
-//! `fetch_add` or `fetch_sub` with no test before it: no compare-and-swap
-//! loop, so no retry under contention. The value it returns says where the
+//! A get or put of `n < 2^16` references (every `get` and `put`, and the
+//! small `_many` calls) is one `fetch_add` or `fetch_sub` with no test
+//! before it: no compare-and-swap loop, so no retry under contention. A
+//! tryget compares first (below, *Why tryget compares*). The value it returns says where the
 //! operation landed, because the counter's range is split into zones wide
 //! enough that no sequence of such operations can cross from one zone into
 //! another unnoticed:
@@ -30,14 +31,15 @@
 //! Only a landing outside the zone the caller expects takes the slow path
 //! (out of line), which repairs it:
 //!
-//! - **get / tryget** land in live (the common case: one compare) or biased
-//!   (a switch in progress, or parked): counted. From zero: counted too: a
-//!   tryget that lands there before the final put elected its release
-//!   revives the ref, and the put then finds itself not the last (as
-//!   `rcuref_get` racing `rcuref_put`). From released: not counted; the
-//!   operation *gives its `n` back* (a `fetch_sub`), so a dead ref never
-//!   drifts and no one sees a live count. Past `MAX_COUNT`: an overflow, and
-//!   the counter is *parked* in the biased zone, so saturation is sticky.
+//! - **get** lands in live (the common case: one compare) or biased (a
+//!   switch in progress, or parked): counted. From released (misuse: a get
+//!   needs a reference held): not counted; it *gives its `n` back* (a
+//!   `fetch_sub`), so a dead ref never drifts and no one sees a live
+//!   count. Past `MAX_COUNT`: an overflow, and the counter is *parked* in
+//!   the biased zone, so saturation is sticky.
+//! - **tryget** is a compare-and-swap from a live or biased value: it never
+//!   writes to zero or released (fails there, writing nothing) and is
+//!   refused before it writes past `MAX_COUNT`.
 //! - **put** lands in live or biased: done. On zero: it elects the release
 //!   with one compare-and-swap from `0` to [`RELEASED`]; the winner runs
 //!   `release`, a loser was overtaken by a reviving tryget. Below zero
@@ -46,6 +48,22 @@
 //!   they are refused before they change anything (an overflow or underflow
 //!   leaves the count as it was), and a put that empties the counter moves
 //!   it straight to `RELEASED`.
+//!
+//! # Why tryget compares
+//!
+//! The kernel's `rcuref_get` is one add too, and a get that lands on zero
+//! (the final put landed, its election not yet run) revives the object.
+//! That is safe there because the object is freed after an RCU grace
+//! period, which waits for the put's election (`rcuref_put` runs with
+//! preemption disabled). Here the layers free memory as soon as the
+//! release has run (`owned`, `shared`): a tryget that revived the count
+//! could put again, win the election, release, and have its `Weak` free
+//! the block, all before the first put's election, which then wrote to
+//! freed memory (loom found it: `owned_tryget_vs_last_put_after_kill` in
+//! `loom_tests/engine.rs`). So a tryget is a compare-and-swap that fails
+//! on zero, as the kernel's `percpu_ref_tryget` (`atomic_long_inc_not_zero`),
+//! and the final put's election is its last access. Gets and puts stay one
+//! add: a get needs a reference held, so it never meets zero.
 //!
 //! # Invariants
 //!
@@ -67,14 +85,15 @@
 //!    both are: the release is elected only with no reference left.
 //! 3. **The last landing on zero elects.** Only puts and give-backs can
 //!    write `0` and leave it (a failed get that lands on `0`, from below,
-//!    gives back at once). Each of them tries the election on landing
-//!    there, so whichever writes the final `0` finds it and moves the
-//!    counter to `RELEASED`: the release runs exactly once per time the
-//!    count reaches zero. That can be a tryget's thread, when its give-back
-//!    is that last landing (a reinit in between moved the counter back to
-//!    live).
-//! 4. **Released is sticky.** Every get and tryget that lands in released
-//!    fails, until a reinit or resurrect (under the switch lock) shifts the
+//!    gives back at once; a tryget never writes there). Each of them tries
+//!    the election on landing there, so whichever writes the final `0`
+//!    finds it and moves the counter to `RELEASED`: the release runs
+//!    exactly once per time the count reaches zero. Without misuse the
+//!    final put is alone at zero, so its election succeeds and is its last
+//!    access to the ref. A give-back that is the last landing (a misused
+//!    get, a reinit in between) elects the same way.
+//! 4. **Released is sticky.** Every get and tryget on released fails,
+//!    until a reinit or resurrect (under the switch lock) shifts the
 //!    counter back to live. Nothing else leaves released: gives-back return
 //!    to it, and every checked operation refuses it.
 //! 5. **Saturation is sticky.** A true count is at most [`MAX_COUNT`] (a
@@ -283,7 +302,13 @@ impl AtomicCount {
         self.after_add(old, n)
     }
 
-    /// `tryget`: adds `n` references unless the ref was released.
+    /// `tryget`: adds `n` references unless the count is zero (released, or
+    /// a put electing its release).
+    ///
+    /// A compare-and-swap, not one unconditional add (the module docs,
+    /// "Why tryget compares"): it never writes to a counter at zero, so the
+    /// put that landed there is the only thread that can still elect, and
+    /// its election is its last access to the ref.
     ///
     /// Acquire: a revival's new base reference publishes what the reviver
     /// wrote before it (a `Frozen` guard's writes); a tryget that takes a
@@ -296,11 +321,42 @@ impl AtomicCount {
         if n == 0 {
             return self.tryget_none();
         }
-        let old = self.value.fetch_add(n, Ordering::Acquire);
-        if old <= MAX_COUNT - n {
-            return AddOutcome::Added;
+        // ordering-audit: Relaxed: the value only seeds the compare-and-swap,
+        // which acquires.
+        let mut cur = self.value.load(Ordering::Relaxed);
+        loop {
+            let counts = match zone(cur) {
+                Zone::Live => cur <= MAX_COUNT - n,
+                // Percpu mode, a switch before its fold, or parked: counted,
+                // as an unconditional add is (the zone's margins hold it).
+                Zone::Biased => true,
+                // mutant tryget_revives_zero: a tryget counts on a zero
+                // count (a put electing its release): the put's election
+                // then fails, and the reviver's own last put may release
+                // and free the ref before that election touches it.
+                Zone::Zero => mutated!("tryget_revives_zero"),
+                // mutant tryget_no_zero_check: a tryget on a released ref
+                // counts.
+                Zone::Released if mutated!("tryget_no_zero_check") => true,
+                Zone::Released => return AddOutcome::Released { release: false },
+                Zone::Saturated => false,
+            };
+            if !counts {
+                if cur == 0 {
+                    return AddOutcome::Released { release: false };
+                }
+                return AddOutcome::Overflow { count: cur };
+            }
+            match self.value.compare_exchange_weak(
+                cur,
+                cur + n,
+                Ordering::Acquire,
+                Ordering::Relaxed,
+            ) {
+                Ok(_) => return AddOutcome::Added,
+                Err(actual) => cur = actual,
+            }
         }
-        self.after_add(old, n)
     }
 
     /// `tryget_many(0)`: succeeds unless the ref was released, and changes
@@ -322,9 +378,6 @@ impl AtomicCount {
     fn after_add(&self, old: u64, n: u64) -> AddOutcome {
         match zone(old) {
             Zone::Biased => AddOutcome::Added,
-            // mutant tryget_no_zero_check: a get or tryget that lands on a
-            // released ref counts, and keeps its increment.
-            Zone::Released if mutated!("tryget_no_zero_check") => AddOutcome::Added,
             Zone::Released => {
                 // mutant dead_zone_no_give_back: a failed get keeps its
                 // increment (the counter drifts).
@@ -386,6 +439,8 @@ impl AtomicCount {
         let mut cur = self.load();
         loop {
             let new = match zone(cur) {
+                // A tryget never counts on zero (see `tryget`).
+                Zone::Zero if acquire => return AddOutcome::Released { release: false },
                 Zone::Zero | Zone::Live if cur + n <= MAX_COUNT => cur + n,
                 Zone::Biased if cur.checked_add(n).is_some_and(|v| v <= BIASED_MAX) => cur + n,
                 Zone::Released => return AddOutcome::Released { release: false },
@@ -479,6 +534,46 @@ impl AtomicCount {
         self.value
             .compare_exchange(0, RELEASED, Ordering::Acquire, Ordering::Relaxed)
             .is_ok()
+    }
+
+    /// The put of one reference by compare-and-swap, for a ref that may be
+    /// switched to managed percpu mode while it is in atomic mode
+    /// (`shared::Shared`'s promotion): `None`, writing nothing, when the
+    /// counter is not a true count (biased: a promotion or another switch
+    /// is between its bias and its mode store; or parked). A put from 1
+    /// moves the counter straight to `RELEASED`: the compare-and-swap is
+    /// the election, so the put never lands on zero and nobody can revive
+    /// it there.
+    ///
+    /// Why not one `fetch_sub`: a put that read "atomic, unmanaged" in the
+    /// mode word and then lands after the promotion would count on the
+    /// biased counter without the mark that the managed scan needs, and the
+    /// engine could leave the ref idle with only its stand-in left.
+    pub(crate) fn put_one_unless_biased(&self) -> Option<PutOutcome> {
+        let mut cur = self.load();
+        loop {
+            let new = match zone(cur) {
+                Zone::Live if cur == 1 => RELEASED,
+                Zone::Live => cur - 1,
+                Zone::Biased | Zone::Saturated => return None,
+                Zone::Zero | Zone::Released => {
+                    return Some(PutOutcome::Underflow {
+                        count: 0,
+                        release: false,
+                    })
+                }
+            };
+            // AcqRel: Release as `put`'s, Acquire for the put that releases,
+            // as `elect_release`.
+            match self
+                .value
+                .compare_exchange_weak(cur, new, Ordering::AcqRel, Ordering::Relaxed)
+            {
+                Ok(_) if new == RELEASED => return Some(PutOutcome::ReachedZero),
+                Ok(_) => return Some(PutOutcome::Alive),
+                Err(actual) => cur = actual,
+            }
+        }
     }
 
     /// The managed scan's election (`percpu_ref/managed.rs`): from a true

@@ -36,6 +36,7 @@ mod grace;
 pub mod owned;
 pub mod percpu;
 mod percpu_ref;
+pub mod shared;
 mod sync;
 
 pub use flags::{Error, InitFlags};
@@ -73,6 +74,7 @@ pub mod loom_support {
 
     /// The owned layer's blocks (an [`Owner`](crate::Owner)'s allocation,
     /// shared with its [`Ref`](crate::Ref)s and [`Weak`](crate::Weak)s)
+    /// and the [`Shared`](crate::shared::Shared) blocks
     /// allocated and not yet freed in this execution. Zero at the end of a
     /// model whose handles were all dropped and whose kills all completed
     /// ([`flush`](crate::flush)): anything else is a leak, which loom does
@@ -80,5 +82,15 @@ pub mod loom_support {
     #[must_use]
     pub fn live_blocks() -> usize {
         crate::owned::live_blocks()
+    }
+
+    /// A [`Shared`](crate::shared::Shared) on `backend` (under loom the
+    /// default backend is the sharded one, on which a value is never
+    /// promoted; `Backend::Rseq` is the loom model of the rseq backend).
+    pub fn shared_on<T: Send + 'static>(
+        value: T,
+        backend: crate::Backend,
+    ) -> crate::shared::Shared<T> {
+        crate::shared::Shared::new_on(value, backend)
     }
 }

@@ -112,6 +112,7 @@ mod switch;
 pub use deferred::flush;
 #[cfg(feature = "css")]
 pub(crate) use deferred::Confirm;
+pub(crate) use managed::wait_for_backlog;
 
 /// A reference count whose get/put scale with cores, with the Linux
 /// kernel's kill semantics.

@@ -144,10 +144,11 @@ impl Model {
             };
         }
         if self.a + n > MAX {
-            // In atomic mode a small `n` is one unconditional add: it
+            // In atomic mode a small get is one unconditional add: it
             // saturates the count, which stays so (the ref is parked). A
-            // large one, and any in percpu mode, is refused unchanged.
-            if !self.percpu && n < i128::from(LIMIT) {
+            // large one, a tryget (a compare-and-swap), and any in percpu
+            // mode, is refused unchanged.
+            if !self.percpu && n < i128::from(LIMIT) && !unless_zero {
                 self.miscounted = true;
                 return Outcome::Panic("saturated".into());
             }

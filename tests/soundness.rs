@@ -235,26 +235,32 @@ fn a_large_overflow_in_atomic_mode_panics_and_keeps_the_count() {
 }
 
 /// A get of fewer than 2^16 references in atomic mode is one unconditional
-/// add: past the limit it saturates the count, and saturation is sticky
+/// add (a tryget compares first, and is refused): past the limit it
+/// saturates the count, and saturation is sticky
 /// (as the kernel's `rcuref`): the ref is miscounted and never releases,
 /// whatever puts follow, and it refuses to go back to percpu mode.
 #[test]
 #[cfg(target_pointer_width = "64")]
 fn a_small_overflow_in_atomic_mode_saturates_for_good() {
     for b in backends() {
-        for tryget in [false, true] {
+        for tryget_first in [false, true] {
             let (r, rel) = counted(InitFlags::ALLOW_REINIT, b);
             r.switch_to_atomic_sync();
             r.get_many(MAX_COUNT - 2); // the base plus this: one below the limit
             assert!(r.tryget());
             assert_eq!(r.atomic_count(), Some(MAX_COUNT as u64));
-            let msg = panic_message(|| {
-                if tryget {
+            if tryget_first {
+                // A tryget compares before it writes: refused, count unchanged.
+                let msg = panic_message(|| {
                     let _ = r.tryget();
-                } else {
-                    r.get();
-                }
-            });
+                });
+                assert!(
+                    msg.contains("overflow") && msg.contains("left at"),
+                    "{b}: {msg}"
+                );
+                assert_eq!(r.atomic_count(), Some(MAX_COUNT as u64), "{b}");
+            }
+            let msg = panic_message(|| r.get());
             assert!(
                 msg.contains("overflow") && msg.contains("saturated"),
                 "{b}: {msg}"

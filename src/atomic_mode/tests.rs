@@ -55,13 +55,18 @@ fn the_last_put_elects_and_released_is_sticky() {
 }
 
 #[test]
-fn a_tryget_landing_on_zero_revives_and_the_put_is_not_the_last() {
-    // The final put landed (0) but has not elected yet: a tryget then
-    // counts, and the election fails.
+fn a_tryget_on_zero_fails_and_leaves_the_election_to_the_put() {
+    // The final put landed (0) but has not elected yet: a tryget fails
+    // without writing, so the put's election (its last access) wins.
     let c = AtomicCount::new(0);
-    assert_eq!(c.tryget(1), AddOutcome::Added);
-    assert!(!c.elect_release(), "overtaken by the tryget");
-    assert_eq!(c.put(1), PutOutcome::ReachedZero);
+    assert_eq!(c.tryget(1), AddOutcome::Released { release: false });
+    assert_eq!(
+        c.add_checked(1 << 20, true),
+        AddOutcome::Released { release: false }
+    );
+    assert_eq!(c.load(), 0, "nothing written");
+    assert!(c.elect_release());
+    assert_eq!(c.load(), RELEASED);
 }
 
 #[test]
@@ -104,6 +109,16 @@ fn an_overflow_parks_and_a_large_one_is_refused() {
     );
     assert_eq!(c.load(), MAX_COUNT, "refused before it wrote");
     assert_eq!(c.tryget(1), AddOutcome::Overflow { count: MAX_COUNT });
+    assert_eq!(
+        c.load(),
+        MAX_COUNT,
+        "a tryget compares: refused before it wrote"
+    );
+    assert_eq!(
+        c.get(1),
+        AddOutcome::Overflow { count: MAX_COUNT },
+        "a get is one add: it lands past the limit"
+    );
     assert_eq!(c.load(), SATURATED, "parked");
     assert_eq!(c.put(MAX_COUNT), PutOutcome::Alive, "all put back");
     assert_eq!(c.put(1), PutOutcome::Alive);

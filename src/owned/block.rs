@@ -231,9 +231,9 @@ impl<T> Inner<T> {
 
 /// A type-erased pointer to an `Inner<T>` with one of its functions.
 #[derive(Clone, Copy)]
-pub(super) struct Erased {
-    pub(super) ptr: *const (),
-    pub(super) func: unsafe fn(*const ()),
+pub(crate) struct Erased {
+    pub(crate) ptr: *const (),
+    pub(crate) func: unsafe fn(*const ()),
 }
 
 // SAFETY: an `Erased` lives in the release callback (which `PercpuRef`
@@ -249,7 +249,7 @@ impl Erased {
     /// # Safety
     ///
     /// `func`'s own contract for `ptr`.
-    pub(super) unsafe fn call(self) {
+    pub(crate) unsafe fn call(self) {
         // SAFETY: forwarded to the caller.
         unsafe { (self.func)(self.ptr) }
     }
@@ -257,7 +257,7 @@ impl Erased {
 
 /// The `PercpuRef` release callback for an `Inner<T>` at `e.ptr`. Not
 /// generic, so the callback is `'static` whatever `T`'s lifetime.
-pub(super) fn release_callback(e: Erased) -> impl Fn(&PercpuRef) + Send + Sync + 'static {
+pub(crate) fn release_callback(e: Erased) -> impl Fn(&PercpuRef) + Send + Sync + 'static {
     // SAFETY: `e` is `release::<T>` for the block that owns this callback's
     // `PercpuRef`; the block outlives its `PercpuRef` calls.
     move |_| unsafe { e.call() }
@@ -298,7 +298,7 @@ pub(super) unsafe fn release<T>(ptr: *const ()) {
 
 /// Runs its closure when dropped, so that a step also happens while
 /// unwinding from a user callback (`T`'s `Drop`) that panicked.
-pub(super) struct OnDrop<F: FnMut()>(pub(super) F);
+pub(crate) struct OnDrop<F: FnMut()>(pub(crate) F);
 
 impl<F: FnMut()> Drop for OnDrop<F> {
     fn drop(&mut self) {
@@ -355,7 +355,7 @@ pub(super) unsafe fn drop_unit<T>(ptr: *const ()) {
 /// Under loom: blocks allocated and not yet freed in this execution (a
 /// block whose last unit is never paid is a leak no loom check sees).
 #[cfg(percpu_ref_loom)]
-pub(super) fn loom_live_blocks() -> &'static AtomicUsize {
+pub(crate) fn loom_live_blocks() -> &'static AtomicUsize {
     loom::lazy_static! {
         static ref LIVE: AtomicUsize = AtomicUsize::new(0);
     }
@@ -384,7 +384,7 @@ sync::thread_local! {
     pub(super) static OWED: Cell<Option<Erased>> = Cell::new(None);
 }
 
-pub(super) fn owe_unit(u: Erased) {
+pub(crate) fn owe_unit(u: Erased) {
     if let Some(old) = OWED.with(|c| c.replace(Some(u))) {
         // Only after a panic between an earlier release and its wrapper.
         // SAFETY: `old` is an owed unit of a block other than this one (a
@@ -397,9 +397,11 @@ pub(super) fn owe_unit(u: Erased) {
 /// Called through [`settle_guard`] around every `PercpuRef` call that may
 /// release, so that it also runs when `release` panicked.
 #[inline]
-pub(super) fn settle_owed() {
-    if let Some(u) = OWED.with(Cell::take) {
-        settle_owed_slow(u);
+pub(crate) fn settle_owed() {
+    // A read first: almost always nothing is owed, and then nothing is
+    // written (a `take` would store `None` on every put).
+    if OWED.with(Cell::get).is_some() {
+        settle_owed_slow();
     }
 }
 
@@ -407,15 +409,17 @@ pub(super) fn settle_owed() {
 /// may release. Unwinding out of that call has ended every borrow of the
 /// block by then, so paying the unit (which may free it) is sound.
 #[inline(always)]
-pub(super) fn settle_guard() -> OnDrop<fn()> {
+pub(crate) fn settle_guard() -> OnDrop<fn()> {
     OnDrop(settle_owed as fn())
 }
 
 #[cold]
-pub(super) fn settle_owed_slow(u: Erased) {
-    // SAFETY: a `release` put this unit here; the `PercpuRef` call that ran
-    // it has returned, so nothing borrows the block any more.
-    unsafe { u.call() }
+fn settle_owed_slow() {
+    if let Some(u) = OWED.with(Cell::take) {
+        // SAFETY: a `release` put this unit here; the `PercpuRef` call that
+        // ran it has returned, so nothing borrows the block any more.
+        unsafe { u.call() }
+    }
 }
 
 /// Allocates the block for `value` with the owner's and the count's units.

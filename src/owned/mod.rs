@@ -157,7 +157,7 @@
 use crate::percpu_ref::PercpuRef;
 use std::panic::{RefUnwindSafe, UnwindSafe};
 
-mod block;
+pub(crate) mod block;
 mod handle;
 mod killed;
 mod owner;

@@ -84,6 +84,7 @@
 use super::deferred::report_engine_panic;
 use super::switch::miscount_message;
 use super::{PercpuRef, SwitchGuard};
+use crate::atomic_mode::PutOutcome;
 use crate::flags::Error;
 use crate::grace::{self, Callback, Entry};
 use crate::percpu::{
@@ -97,6 +98,27 @@ use std::pin::Pin;
 /// Managed entries queued so far, for [`flush`]'s loop (a count, not a
 /// part of the protocol).
 static QUEUED: crate::sync::unmodeled::AtomicU64 = crate::sync::unmodeled::AtomicU64::new(0);
+
+/// Managed steps queued and not yet begun: how far the engine is behind
+/// (a gauge for back-pressure, not a part of the protocol).
+static BACKLOG: crate::sync::unmodeled::AtomicUsize = crate::sync::unmodeled::AtomicUsize::new(0);
+
+/// The backlog above which [`wait_for_backlog`] makes its caller wait. Each
+/// step is a few hundred bytes of queue entry at most; the values behind
+/// them (`shared::Shared`s awaiting their drop) are what it bounds.
+const MAX_BACKLOG: usize = 1 << 16;
+
+/// Back-pressure for a layer that hands refs to the engine faster than it
+/// completes them (`shared::Shared`'s promotion): while more than
+/// [`MAX_BACKLOG`] managed steps wait, the caller waits for the engine to
+/// complete everything queued so far (as [`crate::flush`] does). Not on
+/// the engine itself (a value dropped there may promote another).
+pub(crate) fn wait_for_backlog() {
+    if BACKLOG.load(crate::sync::unmodeled::Ordering::Relaxed) > MAX_BACKLOG && !grace::on_engine()
+    {
+        grace::flush();
+    }
+}
 
 /// The most engine rounds a managed ref whose last put came before a
 /// [`flush`] can need: the entry queued then, a clear, a scan that finds
@@ -212,6 +234,131 @@ impl PercpuRef {
         );
         drop(g);
         Ok(())
+    }
+
+    /// For `shared::Shared`, which starts in atomic mode (`INIT_ATOMIC`) and
+    /// moves here once it is cloned often: from atomic mode straight to
+    /// managed percpu mode, under one hold of the switch lock. False,
+    /// changing nothing, where that cannot be done (the sharded backend, a
+    /// ref not in plain atomic mode).
+    ///
+    /// The caller holds a reference throughout, so the atomic count stays
+    /// above zero: the bias cannot be refused and no put in between can
+    /// release. The stand-in is taken on the atomic counter before the mode
+    /// word leaves atomic mode, and that word is the one `switch_to_managed`
+    /// leaves (managed, unmarked, bound 0): the next put marks it.
+    pub(crate) fn promote_to_managed(self: Pin<&Self>) -> bool {
+        const OP: &str = "shared::Shared::promote";
+        let r = self.get_ref();
+        if r.counters.backend() != Backend::Rseq {
+            return false;
+        }
+        let mut g = r.lock_switch_keeping_manager(OP);
+        let mode = r.mode();
+        if mode & (MODE_ATOMIC | MODE_DEAD | MODE_MANAGED) != MODE_ATOMIC {
+            return false;
+        }
+        if r.count.add_bias().is_err() {
+            unreachable!("percpu_ref: {OP}: the caller's reference keeps the count above zero");
+        }
+        r.counters.reset();
+        // The stand-in, on the atomic counter (still atomic mode here).
+        // mutant shared_promote_no_stand_in: promote without the engine's
+        // stand-in (the count can reach zero in percpu mode, unseen, or
+        // the engine releases a value still held).
+        if !mutated!("shared_promote_no_stand_in") {
+            r.get();
+        }
+        // ordering-audit: kept: Release, as `switch_to_percpu_locked`'s
+        // store (whose weakening is caught: `percpu_mode_store_relaxed`),
+        // for the section that reads the bound the first mark restores (the
+        // mark's RMW continues this release sequence): it must see the
+        // zeroed counters, the bias and the stand-in. A promoted ref never
+        // counted per CPU before (its counters are a fresh slot's zeroes),
+        // so no model tells the difference.
+        r.mode.store(
+            mode & !(MODE_ATOMIC | MODE_LIMIT) | MODE_MANAGED | MODE_UNMARKED,
+            Ordering::Release,
+        );
+        g.state.force_atomic = false;
+        true
+    }
+
+    /// The put of `shared::Shared`, whose ref may be promoted (above) while
+    /// a put is between reading the mode word and counting: per CPU if the
+    /// section counts; the managed put once managed; in atomic mode a
+    /// compare-and-swap on a true count
+    /// ([`AtomicCount::put_one_unless_biased`](crate::atomic_mode::AtomicCount::put_one_unless_biased)),
+    /// which a promotion's bias makes fail, so that the put then finds the
+    /// ref managed and marks it.
+    ///
+    /// # Safety
+    ///
+    /// As `put_many_raw` with `n` = 1.
+    #[inline(always)]
+    pub(crate) unsafe fn put_promotable_raw(this: *const Self, slow: unsafe fn(*const Self)) {
+        // SAFETY: forwarded.
+        if !unsafe { Self::try_put_percpu_raw(this, 1) } {
+            // SAFETY: forwarded.
+            unsafe { slow(this) }
+        }
+    }
+
+    /// The part of [`put_promotable_raw`](Self::put_promotable_raw) after
+    /// its section did not count: the caller's `slow` wraps it (the shared
+    /// layer settles an owed unit around it, which the per-CPU path never
+    /// leaves).
+    ///
+    /// # Safety
+    ///
+    /// As [`put_promotable_raw`](Self::put_promotable_raw).
+    #[inline(never)]
+    pub(crate) unsafe fn put_promotable_slow(this: *const Self) {
+        loop {
+            // Only the atomics are borrowed across the count (as in
+            // `put_atomic_raw`): another thread's release may free the ref
+            // right after it.
+            // SAFETY: our reference keeps the ref alive until we count.
+            let (mode, count) = unsafe { (&(*this).mode, &(*this).count) };
+            // ordering-audit: Relaxed: picks the branch; a promotion after
+            // this load makes the compare-and-swap below fail (its bias).
+            let m = mode.load(Ordering::Relaxed);
+            // mutant shared_put_by_fetch_sub: the atomic phase's put is one
+            // unconditional sub, so a put that read the mode before a
+            // promotion counts on the biased counter unmarked.
+            if m & MODE_MANAGED != 0 || m & MODE_ATOMIC == 0 || mutated!("shared_put_by_fetch_sub")
+            {
+                // SAFETY: forwarded (the managed put, or an ordinary one).
+                return unsafe { Self::put_checked_raw(this, 1) };
+            }
+            match count.put_one_unless_biased() {
+                Some(PutOutcome::Alive) => return,
+                Some(PutOutcome::ReachedZero) => {
+                    // SAFETY: ours was the last reference and won the
+                    // election: nobody frees the ref before its release.
+                    let r = unsafe { &*this };
+                    return (r.release)(r);
+                }
+                Some(PutOutcome::Underflow { count, .. }) => {
+                    panic!("{}", super::ops::underflow_message("put", 1, count))
+                }
+                None => {
+                    // Biased in atomic mode: a promotion between its bias and
+                    // its mode store, which holds the switch mutex (wait for
+                    // it: the bare mutex, not `lock_switch`, which would ask
+                    // the engine to hand back a ref it is scanning), or a
+                    // parked counter (then the ordinary put, which never
+                    // releases it).
+                    // SAFETY: our reference, not yet counted, keeps it alive.
+                    let r = unsafe { &*this };
+                    drop(crate::sync::lock(&r.switch));
+                    if r.mode() & (MODE_ATOMIC | MODE_MANAGED) == MODE_ATOMIC {
+                        // SAFETY: forwarded.
+                        return unsafe { Self::put_checked_raw(this, 1) };
+                    }
+                }
+            }
+        }
     }
 
     /// True while the engine manages the ref ([`switch_to_managed`](Self::switch_to_managed)
@@ -339,6 +486,7 @@ impl PercpuRef {
             Step::Decide => Self::step_decide,
         };
         QUEUED.fetch_add(1, crate::sync::unmodeled::Ordering::Relaxed);
+        BACKLOG.fetch_add(1, crate::sync::unmodeled::Ordering::Relaxed);
         // The clear needs no grace period before it, the scan and the
         // window do (after the clear, after the window's ATOMIC store).
         let needs_gp = !matches!(step, Step::Clear);
@@ -355,6 +503,7 @@ impl PercpuRef {
     ///
     /// An engine completion: `this` is a managed ref, pending and pinned.
     unsafe fn step_clear(this: *const (), _: Option<Callback>) {
+        BACKLOG.fetch_sub(1, crate::sync::unmodeled::Ordering::Relaxed);
         // SAFETY: the caller's contract.
         let r = unsafe { &*this.cast::<Self>() };
         if r.stop_requested() {
@@ -380,6 +529,7 @@ impl PercpuRef {
     ///
     /// As [`step_clear`](Self::step_clear).
     unsafe fn step_scan(this: *const (), _: Option<Callback>) {
+        BACKLOG.fetch_sub(1, crate::sync::unmodeled::Ordering::Relaxed);
         // SAFETY: the caller's contract.
         let r = unsafe { &*this.cast::<Self>() };
         if r.stop_requested() {
@@ -445,6 +595,7 @@ impl PercpuRef {
     ///
     /// As [`step_clear`](Self::step_clear).
     unsafe fn step_decide(this: *const (), _: Option<Callback>) {
+        BACKLOG.fetch_sub(1, crate::sync::unmodeled::Ordering::Relaxed);
         // SAFETY: the caller's contract; not used after a release that
         // dropped the ref (`grace::freed`).
         let r = unsafe { &*this.cast::<Self>() };

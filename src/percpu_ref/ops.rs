@@ -286,7 +286,8 @@ impl PercpuRef {
                 }
                 false
             }
-            AddOutcome::Overflow { count } => overflow(op, n, count, parks(n)),
+            // A tryget compares before it writes: refused, never parked.
+            AddOutcome::Overflow { count } => overflow(op, n, count, false),
         }
     }
 

@@ -2,7 +2,7 @@
 //! for counting instructions per pair with callgrind
 //! (`scripts/callgrind-pair`) or timing one thread quickly.
 //!
-//! Usage: `pair_loop <rseq|sharded|rseq-atomic|atomic|arc|rseq-churn|sharded-churn|new-churn|arc-churn> <n>`
+//! Usage: `pair_loop <rseq|sharded|rseq-atomic|atomic|arc|shared|rseq-churn|sharded-churn|new-churn|arc-churn|shared-churn> <n>`
 //!
 //! `rseq-atomic` is a get + put on an `INIT_ATOMIC` ref of the rseq backend:
 //! the section finds atomic mode and the pair takes the atomic counter's
@@ -12,6 +12,11 @@
 //! get + put (clone + drop) on it and drop it; `new-churn` makes it with
 //! `PercpuRef::new` (the default backend), the others with a chosen one.
 //!
+//! `shared` is a clone + drop of a promoted `percpu_ref::shared::Shared`
+//! (per CPU; its engine's rounds while the loop runs are counted too), and
+//! `shared-churn` a `Shared::new` + clone + drop of both (never promoted:
+//! the last drop drops the value), as `arc-churn` for `Arc`.
+//!
 //! Valgrind disables rseq (glibc's registration fails, `__rseq_size` = 0),
 //! so built with `RUSTFLAGS="--cfg percpu_ref_callgrind"` this program
 //! first points the rseq backend at a fake, never-registered rseq area
@@ -20,6 +25,7 @@
 //! only the area's address differs), while nothing can abort it. Without
 //! that cfg it uses whatever backend the process has.
 
+use percpu_ref::shared::Shared;
 use percpu_ref::{Backend, InitFlags, PercpuRef};
 use std::hint::black_box;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -71,6 +77,23 @@ fn ref_on(backend: Backend) -> PercpuRef {
         .unwrap_or_else(|e| panic!("pair_loop churn: {e}"))
 }
 
+#[inline(never)]
+fn shared_pairs(s: &Shared<u64>, n: u64) {
+    for _ in 0..n {
+        drop(black_box(Shared::clone(s)));
+    }
+}
+
+/// `n` times: `Shared::new`, clone, drop both (as `arc_churn`).
+#[inline(never)]
+fn shared_churn(n: u64) {
+    for _ in 0..n {
+        let s = Shared::new(0u64);
+        drop(black_box(Shared::clone(black_box(&s))));
+        drop(s);
+    }
+}
+
 /// `n` times: `Arc::new`, clone, drop both.
 #[inline(never)]
 fn arc_churn(n: u64) {
@@ -87,8 +110,8 @@ fn main() {
         (Some(w), Some(Ok(n))) => (w.as_str(), n),
         _ => {
             eprintln!(
-                "usage: pair_loop <rseq|sharded|rseq-atomic|atomic|arc|rseq-churn|sharded-churn|\
-                 new-churn|arc-churn> <n>"
+                "usage: pair_loop <rseq|sharded|rseq-atomic|atomic|arc|shared|rseq-churn|\
+                 sharded-churn|new-churn|arc-churn|shared-churn> <n>"
             );
             std::process::exit(2);
         }
@@ -96,9 +119,11 @@ fn main() {
     // scripts/callgrind-pair sets the cfg on x86_64 Linux, where the crate
     // builds its rseq backend (and with it this function).
     #[cfg(percpu_ref_callgrind)]
-    if what.starts_with("rseq") || what == "new-churn" {
+    if what.starts_with("rseq") || what.starts_with("shared") || what == "new-churn" {
         // SAFETY: called first, and this program uses refs on this thread
-        // only and never switches them.
+        // only and never switches them (`shared`'s engine clears and marks
+        // the mode word, but never opens its window, the one switch, while
+        // the loop holds the value: the count is at least 2 throughout).
         unsafe { percpu_ref::percpu::force_fake_area_for_instruction_counting() };
     }
     let t0 = Instant::now();
@@ -127,6 +152,12 @@ fn main() {
         // under callgrind).
         "new-churn" => percpu_churn(black_box(n), || PercpuRef::new(|_| {})),
         "arc-churn" => arc_churn(black_box(n)),
+        "shared" => {
+            let s = Shared::new(0u64);
+            Shared::promote(&s);
+            shared_pairs(black_box(&s), black_box(n));
+        }
+        "shared-churn" => shared_churn(black_box(n)),
         other => panic!("pair_loop: unknown variant {other:?}"),
     }
     let dt = t0.elapsed();

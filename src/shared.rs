@@ -1,0 +1,129 @@
+//! [`Shared<T>`]: a reference-counted value with no owner and no end, that
+//! counts per CPU once it is hot and frees itself. A per-CPU `Arc`.
+//!
+//! `Arc<T>` keeps its count in one cache line that every clone and drop
+//! writes: on one thread that is two locked instructions per clone + drop,
+//! and with several CPUs on one value the line moves between them on
+//! every operation. A [`PercpuRef`] counts per CPU, but is released only
+//! after someone kills it. `Shared` needs neither an owner nor a kill: it
+//! is a managed ref (the kernel's managed `percpu_ref` RFC, 2024; see
+//! [`PercpuRef::switch_to_managed`]) whose last handle's drop is found by
+//! the grace-period engine.
+//!
+//! # How
+//!
+//! - **Born atomic.** [`Shared::new`] makes a value in atomic mode: a clone
+//!   is one atomic add and a drop one compare-and-swap, and the last drop
+//!   drops `T` at once on its own thread, as `Arc`. A value
+//!   that is cloned a few times and dropped never meets the engine.
+//! - **Promoted when hot.** After [`PROMOTE_AFTER`] clones (or
+//!   [`Shared::promote`]) the value switches to percpu mode under the
+//!   engine's management, without a grace period: from then on a clone and
+//!   a drop are per-CPU (on the rseq backend: no atomic instruction).
+//! - **Released by the engine.** The engine holds a stand-in reference and
+//!   looks only at values dropped since its last look (a drop *marks* the
+//!   value on its first drop after each look, one compare-and-swap): a
+//!   racy sum guesses, and an exact check in atomic mode decides, when
+//!   only the stand-in is left. Then it drops `T`, on the engine's thread.
+//!   Idle values cost the engine nothing; a hot one costs one
+//!   compare-and-swap per engine round (docs/design.md, "Managed refs").
+//!
+//! # Where `T` is dropped
+//!
+//! By the last `Shared`'s drop, on its thread, while the value is in atomic
+//! mode (never promoted, or on the sharded backend). Once promoted: on the
+//! grace-period engine's thread, about 3 ms (three engine rounds) after
+//! the last `Shared` is dropped; [`percpu_ref::flush`](crate::flush) makes
+//! every such drop happen before it returns (for tests and shutdown). That
+//! is why [`Shared::new`] requires `T: Send + 'static`, which `Arc` does
+//! not. A panic in `T`'s `Drop` propagates to the dropping thread in
+//! atomic mode and is reported on stderr by the engine.
+//!
+//! # Compared with `Arc`
+//!
+//! | `Arc<T>` / `sync::Weak<T>` | here |
+//! |---|---|
+//! | `Arc::new`, `From<T>`, `Default` | the same (`T: Send + 'static`) |
+//! | `Clone`, `Drop`, `Deref` | the same; per CPU once promoted |
+//! | `Arc::downgrade`, `Weak::upgrade`, `Weak::new` | the same; an upgrade of a promoted value succeeds until the engine dropped it (it revives the value), not only until the last `Shared` is gone |
+//! | `ptr_eq`, `as_ptr`, `into_raw`, `from_raw` | the same |
+//! | `Debug`, `Display`, `{:p}`, `Hash`, `==`, `<`, `Borrow`, `AsRef` | the same, delegated to `T` |
+//! | `Send`, `Sync`, `Unpin`, `UnwindSafe` | the same conditions |
+//! | `strong_count`, `weak_count` | absent: a per-CPU count has no cheap exact value (`Arc`'s are snapshots too) |
+//! | `try_unwrap`, `into_inner`, `get_mut`, `make_mut` | absent: use [`Owner`](crate::Owner) (kill, then [`Killed::wait`](crate::Killed::wait) takes `T` back; [`Owner::freeze`](crate::Owner::freeze) gives `&mut T`), or clone `T` |
+//! | `T: ?Sized` (`Arc<str>`, `Arc<dyn Trait>`), `new_cyclic`, allocators | absent: `Shared<Box<dyn Trait>>` or `Shared<String>` |
+//!
+//! # Performance
+//!
+//! Measured in docs/performance.md ("`Shared`"). In short: a promoted
+//! value's clone + drop costs what a [`PercpuRef`] get + put costs plus one
+//! load (the promotion hint), flat in the number of CPUs; an unpromoted
+//! one costs `Arc`'s. Making a value costs more than `Arc::new`: the
+//! block holds a 128-byte [`PercpuRef`] and a per-CPU slot in the arena,
+//! and the release callback is boxed.
+//!
+//! # Limitations
+//!
+//! - Memory: a block is the ref (128 bytes), 16 bytes of counts and `T`,
+//!   plus 8 bytes per CPU-slot in the per-CPU arena once used per CPU;
+//!   `Arc` needs 16 bytes and `T`.
+//! - A promoted value keeps its memory for a few milliseconds after its
+//!   last drop. Values that are never promoted are dropped at once, so a
+//!   storm of short-lived values piles nothing up. Promoted ones are bounded
+//!   by back-pressure: while more than 65,536 managed scans wait for the
+//!   engine, a promotion waits until the engine has completed every scan
+//!   queued before it (as [`flush`](crate::flush)), so the values awaiting
+//!   their drop stay near that many (plus what other threads promote
+//!   meanwhile), at the price of that promotion's latency.
+//! - On the sharded backend (no rseq) nothing is promoted: every `Shared`
+//!   is an `Arc` with a larger block.
+//! - A `Shared` dropped after `main` returned, while the process exits, may
+//!   never have its `T` dropped (as a value left in a static).
+//!
+//! # Examples
+//!
+//! ```
+//! use percpu_ref::shared::{Shared, Weak};
+//! use std::collections::HashMap;
+//! use std::sync::RwLock;
+//!
+//! let routes = Shared::new(HashMap::from([("/", 1), ("/api", 2)]));
+//! let cache: RwLock<Weak<HashMap<&str, i32>>> = RwLock::new(Shared::downgrade(&routes));
+//! let handlers: Vec<_> = (0..4)
+//!     .map(|_| {
+//!         let r = routes.clone();
+//!         std::thread::spawn(move || *r.get("/api").unwrap())
+//!     })
+//!     .collect();
+//! for h in handlers {
+//!     assert_eq!(h.join().unwrap(), 2);
+//! }
+//! assert!(cache.read().unwrap().upgrade().is_some());
+//! drop(routes); // the last handle
+//! percpu_ref::flush(); // dropped now, even if it had been promoted
+//! assert!(cache.read().unwrap().upgrade().is_none());
+//! ```
+
+#[cfg(doc)]
+use crate::percpu_ref::PercpuRef;
+use std::panic::{RefUnwindSafe, UnwindSafe};
+
+mod block;
+mod handle;
+mod weak;
+
+pub use block::PROMOTE_AFTER;
+pub use handle::Shared;
+pub use weak::Weak;
+
+// No handle pins anything: `T` lives in the heap block (as `Arc<T>: Unpin`).
+impl<T> Unpin for Shared<T> {}
+impl<T> Unpin for Weak<T> {}
+
+// The block holds `T` in an `UnsafeCell` and the ref's boxed callback, so
+// the auto impls are missing; a handle gives `&T` and nothing else, so it
+// is unwind safe when `T: RefUnwindSafe`, as `Arc<T>`.
+impl<T: RefUnwindSafe> UnwindSafe for Shared<T> {}
+impl<T: RefUnwindSafe> RefUnwindSafe for Shared<T> {}
+impl<T: RefUnwindSafe> UnwindSafe for Weak<T> {}
+impl<T: RefUnwindSafe> RefUnwindSafe for Weak<T> {}

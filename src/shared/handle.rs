@@ -1,0 +1,327 @@
+//! [`Shared`], the handle, and the traits it delegates to `T`.
+
+use super::block::{alloc, block, block_of, put_ref, value_ptr, Block};
+use super::Weak;
+use std::borrow::Borrow;
+use std::cmp::Ordering as CmpOrdering;
+use std::fmt;
+use std::hash::{Hash, Hasher};
+use std::marker::PhantomData;
+use std::mem::ManuallyDrop;
+use std::ops::Deref;
+use std::ptr::NonNull;
+
+/// A shared, reference-counted `T` that frees itself, counted per CPU once
+/// it is hot: `std::sync::Arc` without the shared cache line on every
+/// clone.
+///
+/// `Shared::new` makes a value in atomic mode (a clone is one atomic add,
+/// as `Arc`'s); after [`PROMOTE_AFTER`](super::PROMOTE_AFTER) clones (or
+/// at [`Shared::promote`]) it counts per CPU, and the grace-period engine
+/// drops `T` a few milliseconds after the last `Shared` is gone (at once
+/// with [`percpu_ref::flush`](crate::flush)). See the [module
+/// docs](super) for where `T` is dropped and what differs from `Arc`.
+///
+/// `Send` and `Sync` exactly when `T` is both, as `Arc<T>`:
+///
+/// ```compile_fail
+/// use percpu_ref::shared::Shared;
+/// let s = Shared::new(std::cell::Cell::new(1)); // Send but not Sync
+/// std::thread::spawn(move || s.set(2));
+/// ```
+///
+/// `T: Send + 'static` is required to make one (unlike `Arc`), because
+/// the engine may drop `T` on its own thread:
+///
+/// ```compile_fail
+/// use percpu_ref::shared::Shared;
+/// let s = Shared::new(std::rc::Rc::new(1)); // not Send
+/// ```
+///
+/// # Examples
+///
+/// ```
+/// use percpu_ref::shared::Shared;
+/// let config = Shared::new(vec![1u64, 2, 3]);
+/// let workers: Vec<_> = (0..4)
+///     .map(|_| {
+///         let c = Shared::clone(&config);
+///         std::thread::spawn(move || (0..1000).map(|_| Shared::clone(&c).iter().sum::<u64>()).sum::<u64>())
+///     })
+///     .collect();
+/// drop(config); // nobody owns it: the last handle frees it
+/// for w in workers {
+///     assert_eq!(w.join().unwrap(), 6000);
+/// }
+/// ```
+pub struct Shared<T> {
+    pub(super) ptr: NonNull<Block<T>>,
+    pub(super) _owns: PhantomData<Block<T>>,
+}
+
+// SAFETY: a `Shared` gives `&T` on any thread (`T: Sync`) and the last one
+// may drop `T` on its thread or on the engine's (`T: Send`), as `Arc<T>`.
+unsafe impl<T: Send + Sync> Send for Shared<T> {}
+// SAFETY: as for `Send`.
+unsafe impl<T: Send + Sync> Sync for Shared<T> {}
+
+impl<T: Send + 'static> Shared<T> {
+    /// A new value, in atomic mode, with this one handle; as `Arc::new`.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use percpu_ref::shared::Shared;
+    /// let s = Shared::new(5);
+    /// assert_eq!(*s, 5);
+    /// assert!(!Shared::is_percpu(&s)); // not cloned yet
+    /// ```
+    #[must_use]
+    pub fn new(value: T) -> Self {
+        Shared::from_block(alloc(value, crate::backend()))
+    }
+
+    /// [`Shared::new`] on a chosen backend, for loom models (where the
+    /// default is the sharded backend, which never promotes).
+    #[cfg(percpu_ref_loom)]
+    pub(crate) fn new_on(value: T, backend: crate::Backend) -> Self {
+        Shared::from_block(alloc(value, backend))
+    }
+}
+
+impl<T> Shared<T> {
+    /// A handle for a reference the caller just took on the block.
+    #[inline(always)]
+    pub(super) fn from_block(ptr: NonNull<Block<T>>) -> Self {
+        Shared {
+            ptr,
+            _owns: PhantomData,
+        }
+    }
+
+    #[inline(always)]
+    fn block(&self) -> &Block<T> {
+        // SAFETY: our reference keeps the block alive.
+        unsafe { block(self.ptr) }
+    }
+
+    /// A [`Weak`] for the same value, as `Arc::downgrade`.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use percpu_ref::shared::Shared;
+    /// let s = Shared::new(1);
+    /// let w = Shared::downgrade(&s);
+    /// assert!(Shared::ptr_eq(&w.upgrade().unwrap(), &s));
+    /// drop(s);
+    /// assert!(w.upgrade().is_none()); // atomic mode: released at once
+    /// ```
+    #[must_use = "a Weak that is dropped at once does nothing"]
+    pub fn downgrade(this: &Self) -> Weak<T> {
+        Weak::new_unit(this.ptr)
+    }
+
+    /// Whether two handles point to the same value, as `Arc::ptr_eq`.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use percpu_ref::shared::Shared;
+    /// let a = Shared::new(1);
+    /// assert!(Shared::ptr_eq(&a, &a.clone()));
+    /// assert!(!Shared::ptr_eq(&a, &Shared::new(1)));
+    /// ```
+    #[must_use]
+    pub fn ptr_eq(this: &Self, other: &Self) -> bool {
+        this.ptr == other.ptr
+    }
+
+    /// Counts clones per CPU from now on (the engine releases the value),
+    /// instead of after [`PROMOTE_AFTER`](super::PROMOTE_AFTER) clones; for
+    /// a value known to be hot. True if the value counts per CPU now;
+    /// false where it cannot (the sharded backend, which has no per-CPU
+    /// sections to scan: the value stays in atomic mode, as an `Arc`).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use percpu_ref::shared::Shared;
+    /// let s = Shared::new(String::from("hot"));
+    /// if Shared::promote(&s) {
+    ///     assert!(Shared::is_percpu(&s));
+    /// }
+    /// drop(s);
+    /// percpu_ref::flush(); // a promoted value is dropped by the engine
+    /// ```
+    #[allow(
+        clippy::must_use_candidate,
+        reason = "called for its effect; the result only says whether it applied"
+    )]
+    pub fn promote(this: &Self) -> bool {
+        this.block().promote()
+    }
+
+    /// Whether the value counts per CPU (promoted), a snapshot.
+    #[must_use]
+    pub fn is_percpu(this: &Self) -> bool {
+        let r = &this.block().pref;
+        r.is_managed() || r.is_percpu()
+    }
+
+    /// The address of `T`, valid for reads while a handle keeps it alive;
+    /// as `Arc::as_ptr`.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use percpu_ref::shared::Shared;
+    /// let s = Shared::new(7);
+    /// let p = Shared::as_ptr(&s);
+    /// // SAFETY: `s` keeps the value alive.
+    /// assert_eq!(unsafe { *p }, 7);
+    /// ```
+    #[must_use]
+    pub fn as_ptr(this: &Self) -> *const T {
+        // SAFETY: our reference keeps the block alive.
+        unsafe { value_ptr(this.ptr) }
+    }
+
+    /// Turns the handle into a raw pointer to `T` without dropping its
+    /// reference, as `Arc::into_raw`: the value stays alive until
+    /// [`from_raw`](Self::from_raw) makes a `Shared` of it again.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use percpu_ref::shared::Shared;
+    /// let p = Shared::into_raw(Shared::new(String::from("raw")));
+    /// // SAFETY: from `into_raw`, and only once.
+    /// let s = unsafe { Shared::from_raw(p) };
+    /// assert_eq!(*s, "raw");
+    /// ```
+    #[must_use = "dropping the pointer leaks the reference: the value is never dropped"]
+    pub fn into_raw(this: Self) -> *const T {
+        let this = ManuallyDrop::new(this);
+        Shared::as_ptr(&this)
+    }
+
+    /// Takes back a reference given up by [`into_raw`](Self::into_raw), as
+    /// `Arc::from_raw`.
+    ///
+    /// # Safety
+    ///
+    /// `ptr` must have been returned by `Shared::<T>::into_raw` (the same
+    /// `T`), and each pointer `into_raw` returned must be passed here at
+    /// most once (the `Shared` made here drops the reference `into_raw`
+    /// kept). Anything else is undefined behaviour, as for `Arc`.
+    #[must_use = "dropping the Shared drops the reference at once"]
+    pub unsafe fn from_raw(ptr: *const T) -> Self {
+        // SAFETY: `ptr` came from `value_ptr` of a block its reference keeps
+        // allocated (the caller's promise).
+        Shared::from_block(unsafe { block_of(ptr) })
+    }
+}
+
+impl<T> Clone for Shared<T> {
+    /// A get: per CPU once promoted, one atomic add before (counted toward
+    /// promotion). Inlined whole, as `PercpuRef::get` (scripts/callgrind-pair
+    /// counts it: `shared`).
+    #[inline(always)]
+    fn clone(&self) -> Self {
+        let b = self.block();
+        b.pref.get();
+        b.count_clone();
+        Shared::from_block(self.ptr)
+    }
+}
+
+impl<T> Drop for Shared<T> {
+    /// A put: per CPU once promoted (the engine then drops `T` after the
+    /// last one), else one compare-and-swap, and the last drops `T` here.
+    #[inline(always)]
+    fn drop(&mut self) {
+        // SAFETY: this handle's reference is given up here.
+        unsafe { put_ref(self.ptr) }
+    }
+}
+
+impl<T> Deref for Shared<T> {
+    type Target = T;
+    #[inline]
+    fn deref(&self) -> &T {
+        // SAFETY: our reference keeps `T` alive (invariant 1 of `block`);
+        // nobody has `&mut T` (no method gives one out).
+        unsafe { &*Shared::as_ptr(self) }
+    }
+}
+
+impl<T> AsRef<T> for Shared<T> {
+    fn as_ref(&self) -> &T {
+        self
+    }
+}
+
+impl<T> Borrow<T> for Shared<T> {
+    fn borrow(&self) -> &T {
+        self
+    }
+}
+
+impl<T: Send + 'static> From<T> for Shared<T> {
+    /// [`Shared::new`].
+    fn from(value: T) -> Self {
+        Shared::new(value)
+    }
+}
+
+impl<T: Default + Send + 'static> Default for Shared<T> {
+    /// A `Shared` of `T::default()`.
+    fn default() -> Self {
+        Shared::new(T::default())
+    }
+}
+
+impl<T: fmt::Debug> fmt::Debug for Shared<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Debug::fmt(&**self, f)
+    }
+}
+
+impl<T: fmt::Display> fmt::Display for Shared<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(&**self, f)
+    }
+}
+
+impl<T> fmt::Pointer for Shared<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Pointer::fmt(&Shared::as_ptr(self), f)
+    }
+}
+
+impl<T: Hash> Hash for Shared<T> {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        (**self).hash(state);
+    }
+}
+
+impl<T: PartialEq> PartialEq for Shared<T> {
+    fn eq(&self, other: &Self) -> bool {
+        **self == **other
+    }
+}
+
+impl<T: Eq> Eq for Shared<T> {}
+
+impl<T: PartialOrd> PartialOrd for Shared<T> {
+    fn partial_cmp(&self, other: &Self) -> Option<CmpOrdering> {
+        (**self).partial_cmp(&**other)
+    }
+}
+
+impl<T: Ord> Ord for Shared<T> {
+    fn cmp(&self, other: &Self) -> CmpOrdering {
+        (**self).cmp(&**other)
+    }
+}

@@ -1,0 +1,344 @@
+//! std's own `Arc` tests, rewritten for `percpu_ref::shared` (our code,
+//! their cases): rust-lang/rust library/alloc/src/sync/tests.rs and
+//! library/alloctests/tests/arc.rs. Each test runs on a fresh value (atomic
+//! mode, as an `Arc`) and, where the behaviour could differ, on a promoted
+//! one as well (`both`), with `percpu_ref::flush()` where `Arc` would
+//! have dropped the value at once: a promoted value is dropped by the
+//! engine a few milliseconds after its last handle.
+//!
+//! Tests that cannot apply, and why:
+//! - `test_arc_get_mut`, `try_unwrap`, `into_inner`,
+//!   `into_inner_and_try_unwrap_race`, `test_cowarc_clone_make_mut`,
+//!   `test_cowarc_clone_unique2`, `test_cowarc_clone_weak`,
+//!   `make_mut_unsized`: no exact-count methods (module docs: use
+//!   `Owner`'s kill and freeze).
+//! - `weak_counts`, `test_strong_count`, `test_weak_count`,
+//!   `test_weak_count_locked`: no counts.
+//! - `test_unsized`, `test_maybe_thin_unsized`, `test_into_from_raw_unsized`,
+//!   `test_into_from_weak_raw_unsized`, `test_from_str`,
+//!   `test_copy_from_slice`, `test_clone_from_slice`,
+//!   `test_clone_from_slice_panic`, `test_from_box_*`, `test_from_vec`,
+//!   `test_downcast`, `test_array_from_slice`, `shared_from_iter_*`,
+//!   `slice`, `trait_object`: `T: ?Sized` is not supported.
+//! - `weak_self_cyclic`, `test_arc_cyclic_*`, `test_arc_new_cyclic_*`: no
+//!   `new_cyclic`.
+//! - `into_from_weak_raw`: no `Weak::into_raw`.
+//! - allocator tests (`Arc::new_in`, `allocator_api`): no allocators.
+//! - `eq` (the `Eq` specialisation that skips `T::eq` for one pointer):
+//!   a nightly specialisation; `Shared` always compares `T`.
+
+use percpu_ref::shared::{Shared, Weak};
+use percpu_ref::Backend;
+use std::cell::RefCell;
+use std::collections::hash_map::DefaultHasher;
+use std::hash::{Hash, Hasher};
+use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
+use std::sync::mpsc::channel;
+use std::sync::{Arc, Mutex};
+use std::thread;
+
+/// Runs `f` with a constructor of fresh values in atomic mode, then with
+/// one of promoted values (where the backend can promote).
+fn both(f: impl Fn(&dyn Fn(usize) -> Shared<Canary>)) {
+    f(&|v| Shared::new(Canary::new(v)));
+    f(&|v| {
+        let s = Shared::new(Canary::new(v));
+        let promoted = Shared::promote(&s);
+        assert!(promoted || percpu_ref::backend() != Backend::Rseq);
+        assert_eq!(Shared::is_percpu(&s), promoted);
+        s
+    });
+}
+
+/// A value whose drops are counted (`Arc`'s tests use one of their own).
+struct Canary {
+    v: usize,
+    drops: Arc<AtomicUsize>,
+}
+
+impl Canary {
+    fn new(v: usize) -> Canary {
+        Canary {
+            v,
+            drops: Arc::new(AtomicUsize::new(0)),
+        }
+    }
+}
+
+impl Drop for Canary {
+    fn drop(&mut self) {
+        self.drops.fetch_add(1, SeqCst);
+    }
+}
+
+#[test]
+fn manually_share_arc() {
+    let v = vec![1, 2, 3, 4, 5, 6, 7, 8, 9, 10];
+    let arc_v = Shared::new(v);
+    let (tx, rx) = channel();
+    let t = thread::spawn(move || {
+        let arc_v: Shared<Vec<i32>> = rx.recv().unwrap();
+        assert_eq!((*arc_v)[3], 4);
+    });
+    tx.send(arc_v.clone()).unwrap();
+    assert_eq!((*arc_v)[2], 3);
+    assert_eq!((*arc_v)[4], 5);
+    t.join().unwrap();
+}
+
+#[test]
+fn into_from_raw() {
+    both(|new| {
+        let x = new(7);
+        let drops = x.drops.clone();
+        let x_ptr = &*x as *const Canary;
+        let ptr = Shared::into_raw(x);
+        assert_eq!(x_ptr, ptr);
+        // SAFETY: from `into_raw`, once.
+        let x = unsafe { Shared::from_raw(ptr) };
+        assert_eq!(x.v, 7);
+        assert_eq!(Shared::as_ptr(&x), ptr);
+        drop(x);
+        percpu_ref::flush();
+        assert_eq!(drops.load(SeqCst), 1);
+    });
+}
+
+#[test]
+fn test_live() {
+    both(|new| {
+        let x = new(5);
+        let y = Shared::downgrade(&x);
+        assert!(y.upgrade().is_some());
+    });
+}
+
+#[test]
+fn test_dead() {
+    both(|new| {
+        let x = new(5);
+        let y = Shared::downgrade(&x);
+        drop(x);
+        percpu_ref::flush();
+        assert!(y.upgrade().is_none());
+    });
+}
+
+#[test]
+fn drop_arc() {
+    both(|new| {
+        let x = new(0);
+        let canary = x.drops.clone();
+        drop(x);
+        percpu_ref::flush();
+        assert_eq!(canary.load(SeqCst), 1);
+    });
+}
+
+#[test]
+fn drop_arc_weak() {
+    both(|new| {
+        let x = new(0);
+        let canary = x.drops.clone();
+        let arc_weak = Shared::downgrade(&x);
+        assert_eq!(canary.load(SeqCst), 0);
+        drop(x);
+        percpu_ref::flush();
+        assert_eq!(canary.load(SeqCst), 1);
+        drop(arc_weak);
+        assert_eq!(canary.load(SeqCst), 1);
+    });
+}
+
+#[test]
+fn show_arc() {
+    let a = Shared::new(5);
+    assert_eq!(format!("{a:?}"), "5");
+    assert_eq!(format!("{a}"), "5");
+    assert_eq!(format!("{:?}", Shared::downgrade(&a)), "(Weak)");
+    let p = format!("{a:p}");
+    assert_eq!(p, format!("{:p}", Shared::as_ptr(&a)));
+}
+
+// Make sure deriving works with Shared<T>.
+#[derive(Eq, Ord, PartialEq, PartialOrd, Clone, Debug, Default)]
+struct Foo {
+    inner: Shared<i32>,
+}
+
+#[test]
+fn test_derive() {
+    let a = Foo::default();
+    let b = a.clone();
+    assert_eq!(a, b);
+    assert_eq!(*a.inner, 0);
+}
+
+#[test]
+fn test_from_owned() {
+    let foo = 123;
+    let foo_arc = Shared::from(foo);
+    assert!(123 == *foo_arc);
+}
+
+#[test]
+fn test_new_weak() {
+    let foo: Weak<usize> = Weak::new();
+    assert!(foo.upgrade().is_none());
+    let d: Weak<usize> = Weak::default();
+    assert!(d.upgrade().is_none());
+}
+
+#[test]
+fn test_ptr_eq() {
+    both(|new| {
+        let five = new(5);
+        let same_five = five.clone();
+        let other_five = new(5);
+        assert!(Shared::ptr_eq(&five, &same_five));
+        assert!(!Shared::ptr_eq(&five, &other_five));
+    });
+}
+
+#[test]
+fn test_weak_ptr_eq() {
+    let five = Shared::new(5);
+    let first = Shared::downgrade(&five);
+    let second = Shared::downgrade(&five);
+    let third = Shared::downgrade(&Shared::new(5));
+    assert!(Weak::ptr_eq(&first, &second));
+    assert!(!Weak::ptr_eq(&first, &third));
+    let (a, b): (Weak<i32>, Weak<i32>) = (Weak::new(), Weak::new());
+    assert!(Weak::ptr_eq(&a, &b));
+    assert_eq!(a.as_ptr(), b.as_ptr());
+}
+
+#[test]
+fn test_weak_as_ptr_after_drop() {
+    both(|new| {
+        let x = new(1);
+        let p = Shared::as_ptr(&x);
+        let w = Shared::downgrade(&x);
+        drop(x);
+        percpu_ref::flush();
+        assert_eq!(w.as_ptr(), p); // the allocation is still there
+    });
+}
+
+#[test]
+fn float_nan_ne() {
+    let x = Shared::new(f32::NAN);
+    assert!(x != x);
+    assert!(!(x == x));
+}
+
+#[test]
+fn partial_eq() {
+    struct TestPEq(RefCell<usize>);
+    impl PartialEq for TestPEq {
+        fn eq(&self, other: &TestPEq) -> bool {
+            *self.0.borrow_mut() += 1;
+            *other.0.borrow_mut() += 1;
+            true
+        }
+    }
+    // `RefCell` is `Send`: a `Shared` of it lives on this thread only.
+    let x = Shared::new(TestPEq(RefCell::new(0)));
+    assert!(x == x);
+    assert!(!(x != x));
+    assert_eq!(*x.0.borrow(), 4);
+}
+
+#[test]
+fn test_ord_and_hash() {
+    let a = Shared::new(1);
+    let b = Shared::new(2);
+    assert!(a < b);
+    assert!(b > a);
+    assert!(a <= a.clone());
+    assert_eq!(a.cmp(&b), std::cmp::Ordering::Less);
+    let h = |v: &dyn Fn(&mut DefaultHasher)| {
+        let mut s = DefaultHasher::new();
+        v(&mut s);
+        s.finish()
+    };
+    assert_eq!(h(&|s| a.hash(s)), h(&|s| 1.hash(s)));
+    let set: std::collections::HashSet<Shared<i32>> = [a.clone(), b.clone(), a.clone()].into();
+    assert_eq!(set.len(), 2);
+    assert!(set.contains(&1)); // `Borrow<T>`
+}
+
+#[test]
+fn test_as_ref_borrow_deref() {
+    let s = Shared::new(String::from("abc"));
+    let r: &String = s.as_ref();
+    let b: &String = std::borrow::Borrow::borrow(&s);
+    assert_eq!(r, b);
+    assert_eq!(s.len(), 3);
+}
+
+#[test]
+fn uninhabited() {
+    enum Void {}
+    let mut a = Weak::<Void>::new();
+    a = a.clone();
+    assert!(a.upgrade().is_none());
+}
+
+#[test]
+fn zero_sized() {
+    let a = Shared::new(());
+    let b = a.clone();
+    assert!(Shared::ptr_eq(&a, &b));
+    assert!(Shared::promote(&a) || !Shared::is_percpu(&a));
+    drop((a, b));
+    percpu_ref::flush();
+}
+
+#[test]
+fn default_and_from() {
+    let d: Shared<Vec<u8>> = Shared::default();
+    assert!(d.is_empty());
+    let f: Shared<String> = String::from("x").into();
+    assert_eq!(*f, "x");
+}
+
+#[test]
+fn weak_upgrade_from_many_threads() {
+    both(|new| {
+        let x = new(9);
+        let w = Shared::downgrade(&x);
+        let seen = Mutex::new(0);
+        thread::scope(|s| {
+            for _ in 0..4 {
+                s.spawn(|| {
+                    for _ in 0..1000 {
+                        let u = w.upgrade().unwrap();
+                        assert_eq!(u.v, 9);
+                    }
+                    *seen.lock().unwrap() += 1;
+                });
+            }
+        });
+        assert_eq!(*seen.lock().unwrap(), 4);
+        let drops = x.drops.clone();
+        drop(x);
+        percpu_ref::flush();
+        assert!(w.upgrade().is_none());
+        assert_eq!(drops.load(SeqCst), 1);
+    });
+}
+
+/// `Shared` and `Weak` are covariant in `T`, as `Arc` (a compile check).
+#[test]
+fn variance() {
+    fn shorten<'a>(s: Shared<&'static str>) -> Shared<&'a str> {
+        s
+    }
+    fn shorten_weak<'a>(w: Weak<&'static str>) -> Weak<&'a str> {
+        w
+    }
+    let s = shorten(Shared::new("static"));
+    assert_eq!(*s, "static");
+    assert!(shorten_weak(Weak::new()).upgrade().is_none());
+}

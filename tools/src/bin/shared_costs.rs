@@ -1,0 +1,406 @@
+//! What `percpu_ref::shared::Shared` costs, in one run:
+//! `cargo run --release -p percpu-ref-tools --bin shared_costs [-- --help]`.
+//!
+//! Each measurement is repeated `--reps` times (rows that compare are
+//! interleaved), medians shown:
+//!
+//! - **release delay**: a promoted value's last drop, on an otherwise idle
+//!   process, to its `Drop` on the engine thread, with nothing calling
+//!   `flush`: `--delays` values one at a time; median, p99 and largest.
+//! - **idle values**: `--values` promoted values, each cloned and dropped
+//!   (so each was scanned once), then left alone: the process's CPU time
+//!   over `--idle-ms` of sleep, as a share of one core.
+//! - **churn**: `Shared::new` + clone + drop of both, `--churn` times on
+//!   one thread, against `Arc`'s same loop, the values' drops included
+//!   (an unpromoted value is dropped by its last drop; the run ends with a
+//!   `flush`): values per second, `Shared` over `Arc`.
+//! - **hot under a storm**: a thread pinned to the first allowed CPU clones
+//!   and drops one promoted value for `--hot-ms`, alone, then while a
+//!   second thread (pinned to the second CPU) creates `--storm` values,
+//!   promotes every one, clones and drops it (so the engine has a release
+//!   to find for each): the hot thread's rate with the storm over its rate
+//!   alone, and how many of the storm's values at most awaited their drop
+//!   (made and dropped, not yet dropped by the engine).
+//!
+//! **Limits.** Values are promoted only on the rseq backend; elsewhere the
+//! rows measure the atomic phase. Times are as noisy as the machine; on a
+//! 2-CPU machine the storm's thread and the engine share the CPUs with the
+//! hot thread (`--counts-only` prints counts alone, for emulated guests).
+
+#[path = "../../../benches/common/affinity.rs"]
+mod affinity;
+use clap::builder::RangedU64ValueParser;
+use clap::Parser;
+use percpu_ref::shared::Shared;
+use percpu_ref::{backend, flush};
+use std::hint::black_box;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::Relaxed, Ordering::SeqCst};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// shared_costs: a promoted `Shared`'s release delay, the engine's cost
+/// for idle values, churn against `Arc`, and a hot value under a storm.
+#[derive(Parser, Debug)]
+#[command(
+    name = "shared_costs",
+    verbatim_doc_comment,
+    override_usage = "cargo run --release -p percpu-ref-tools --bin shared_costs -- [OPTIONS]",
+    after_help = "Exit status 2 means a bad option."
+)]
+struct Args {
+    /// Values released one at a time per rep, for the delay
+    #[arg(long, value_name = "N", default_value_t = 200,
+          value_parser = RangedU64ValueParser::<usize>::new().range(1..=100_000))]
+    delays: usize,
+
+    /// Idle promoted values
+    #[arg(long, value_name = "N", default_value_t = 100_000,
+          value_parser = RangedU64ValueParser::<usize>::new().range(1..=10_000_000))]
+    values: usize,
+
+    /// Milliseconds of idle time over which their CPU cost is read
+    #[arg(long, value_name = "MS", default_value_t = 3_000,
+          value_parser = RangedU64ValueParser::<u64>::new().range(10..=600_000))]
+    idle_ms: u64,
+
+    /// Values made and dropped per churn row
+    #[arg(long, value_name = "N", default_value_t = 1_000_000,
+          value_parser = RangedU64ValueParser::<u64>::new().range(1..=1_000_000_000))]
+    churn: u64,
+
+    /// Values the storm makes, promotes and drops
+    #[arg(long, value_name = "N", default_value_t = 1_000_000,
+          value_parser = RangedU64ValueParser::<u64>::new().range(1..=1_000_000_000))]
+    storm: u64,
+
+    /// Milliseconds of the hot thread's row alone
+    #[arg(long, value_name = "MS", default_value_t = 500,
+          value_parser = RangedU64ValueParser::<u64>::new().range(10..=600_000))]
+    hot_ms: u64,
+
+    /// Repetitions; medians are shown
+    #[arg(long, value_name = "N", default_value_t = 3,
+          value_parser = RangedU64ValueParser::<usize>::new().range(1..=100))]
+    reps: usize,
+
+    /// Counts only, no times (for emulated guests)
+    #[arg(long)]
+    counts_only: bool,
+}
+
+/// The `p`th percentile of `v` (nearest rank, sorted in place); 0 when
+/// empty.
+fn percentile(v: &mut [f64], p: f64) -> f64 {
+    if v.is_empty() {
+        return 0.0;
+    }
+    v.sort_by(f64::total_cmp);
+    let rank = ((p / 100.0) * v.len() as f64).ceil().max(1.0) as usize;
+    v[rank.min(v.len()) - 1]
+}
+
+fn median(v: &mut [f64]) -> f64 {
+    percentile(v, 50.0)
+}
+
+/// The process's CPU time so far (user + system).
+#[cfg(unix)]
+fn cpu_time() -> Option<Duration> {
+    // SAFETY: rusage is plain data; getrusage fills it.
+    let mut u: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: `u` is a valid, writable rusage.
+    let rc = unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut u) };
+    assert_eq!(rc, 0, "getrusage failed");
+    let tv = |t: libc::timeval| {
+        Duration::from_secs(t.tv_sec as u64) + Duration::from_micros(t.tv_usec as u64)
+    };
+    Some(tv(u.ru_utime) + tv(u.ru_stime))
+}
+
+/// Not read off Unix (no `getrusage`): the idle row says so.
+#[cfg(not(unix))]
+fn cpu_time() -> Option<Duration> {
+    None
+}
+
+/// A value that records when it was dropped (ns after `epoch`, plus one).
+struct Timed {
+    epoch: Instant,
+    at: Arc<AtomicU64>,
+}
+
+impl Drop for Timed {
+    fn drop(&mut self) {
+        let ns = u64::try_from(self.epoch.elapsed().as_nanos()).unwrap_or(u64::MAX);
+        assert_eq!(self.at.swap(ns + 1, SeqCst), 0, "dropped twice");
+    }
+}
+
+/// One rep of the release delay, in milliseconds per value.
+fn release_delays(n: usize) -> Vec<f64> {
+    let epoch = Instant::now();
+    (0..n)
+        .map(|_| {
+            let at = Arc::new(AtomicU64::new(0));
+            let s = Shared::new(Timed {
+                epoch,
+                at: at.clone(),
+            });
+            Shared::promote(&s);
+            drop(s.clone()); // scanned once, then idle
+            std::thread::sleep(Duration::from_millis(5));
+            let t0 = epoch.elapsed();
+            drop(s);
+            let limit = Instant::now() + Duration::from_secs(10);
+            while at.load(SeqCst) == 0 {
+                assert!(
+                    Instant::now() < limit,
+                    "a value not dropped 10 s after its last handle"
+                );
+                std::thread::sleep(Duration::from_micros(50));
+            }
+            let done = Duration::from_nanos(at.load(SeqCst) - 1);
+            done.saturating_sub(t0).as_secs_f64() * 1e3
+        })
+        .collect()
+}
+
+/// A value whose drop is counted.
+struct Counted(Arc<AtomicUsize>);
+
+impl Drop for Counted {
+    fn drop(&mut self) {
+        self.0.fetch_add(1, Relaxed);
+    }
+}
+
+/// One rep of the idle cost: CPU share of one core over `idle` with `n`
+/// idle promoted values (`None` where it is not read).
+fn idle_cost(n: usize, idle: Duration) -> Option<f64> {
+    let drops = Arc::new(AtomicUsize::new(0));
+    let values: Vec<Shared<Counted>> = (0..n)
+        .map(|_| {
+            let s = Shared::new(Counted(drops.clone()));
+            Shared::promote(&s);
+            drop(s.clone());
+            s
+        })
+        .collect();
+    flush();
+    std::thread::sleep(Duration::from_millis(50));
+    let c0 = cpu_time();
+    std::thread::sleep(idle);
+    let c1 = cpu_time();
+    assert_eq!(drops.load(SeqCst), 0, "an idle value was dropped");
+    drop(values);
+    flush();
+    assert_eq!(drops.load(SeqCst), n, "not every value dropped");
+    c0.zip(c1)
+        .map(|(c0, c1)| (c1 - c0).as_secs_f64() / idle.as_secs_f64())
+}
+
+/// `n` times `Shared::new` + clone + drop both, then a flush: values per
+/// second.
+#[inline(never)]
+fn shared_churn(n: u64) -> f64 {
+    let t0 = Instant::now();
+    for i in 0..n {
+        let s = Shared::new(i);
+        drop(black_box(Shared::clone(black_box(&s))));
+        drop(s);
+    }
+    flush();
+    n as f64 / t0.elapsed().as_secs_f64()
+}
+
+/// The same with `Arc`.
+#[inline(never)]
+fn arc_churn(n: u64) -> f64 {
+    let t0 = Instant::now();
+    for i in 0..n {
+        let a = Arc::new(i);
+        drop(black_box(Arc::clone(black_box(&a))));
+        drop(a);
+    }
+    n as f64 / t0.elapsed().as_secs_f64()
+}
+
+/// The hot thread's clone + drop pairs per second on one promoted value,
+/// for `d` alone or, with `storm`, until a second thread has made,
+/// promoted and dropped `storm` values; and the most of those that
+/// awaited their drop at once.
+fn hot_rate(cpus: &[usize], d: Duration, storm: Option<u64>) -> (f64, usize) {
+    let hot = Shared::new(0u64);
+    Shared::promote(&hot);
+    let stop = Arc::new(AtomicBool::new(false));
+    let hot_cpu = cpus[0];
+    let t = {
+        let (hot, stop) = (hot.clone(), stop.clone());
+        std::thread::spawn(move || {
+            let _ = affinity::pin_to(hot_cpu);
+            let t0 = Instant::now();
+            let mut pairs = 0u64;
+            while !stop.load(Relaxed) {
+                for _ in 0..1024 {
+                    drop(black_box(Shared::clone(&hot)));
+                }
+                pairs += 1024;
+            }
+            pairs as f64 / t0.elapsed().as_secs_f64()
+        })
+    };
+    let mut most_pending = 0;
+    match storm {
+        None => std::thread::sleep(d),
+        Some(n) => {
+            let storm_cpu = *cpus.get(1).unwrap_or(&cpus[0]);
+            let drops = Arc::new(AtomicUsize::new(0));
+            let d2 = drops.clone();
+            let most = std::thread::spawn(move || {
+                let _ = affinity::pin_to(storm_cpu);
+                let mut most = 0;
+                for i in 0..n {
+                    let s = Shared::new(Counted(d2.clone()));
+                    Shared::promote(&s);
+                    drop(s.clone());
+                    drop(s);
+                    if i % 1024 == 0 {
+                        most = most.max(i as usize + 1 - d2.load(Relaxed));
+                    }
+                }
+                most
+            })
+            .join()
+            .expect("the storm");
+            most_pending = most;
+            flush();
+            assert_eq!(drops.load(SeqCst), n as usize, "a storm value not dropped");
+        }
+    }
+    stop.store(true, Relaxed);
+    let rate = t.join().expect("the hot thread");
+    (rate, most_pending)
+}
+
+fn main() {
+    let a = Args::parse();
+    let cpus = affinity::allowed_cpus();
+    println!(
+        "shared_costs: backend {:?}, {} allowed CPUs, {} reps",
+        backend(),
+        cpus.len(),
+        a.reps
+    );
+
+    let (mut p50, mut p99, mut max) = (vec![], vec![], vec![]);
+    for _ in 0..a.reps {
+        let mut d = release_delays(a.delays);
+        p50.push(median(&mut d));
+        p99.push(percentile(&mut d, 99.0));
+        max.push(percentile(&mut d, 100.0));
+    }
+    println!();
+    if a.counts_only {
+        println!(
+            "release: {} values x {} reps, every one dropped once",
+            a.delays, a.reps
+        );
+    } else {
+        println!("| release delay, idle process (ms) | median | p99 | max |");
+        println!("|---|--:|--:|--:|");
+        println!(
+            "| last drop of a promoted value to its `Drop`, {} values a rep | {:.2} | {:.2} | {:.2} |",
+            a.delays,
+            median(&mut p50),
+            median(&mut p99),
+            median(&mut max)
+        );
+    }
+
+    let mut share = vec![];
+    for _ in 0..a.reps {
+        if let Some(s) = idle_cost(a.values, Duration::from_millis(a.idle_ms)) {
+            share.push(s * 100.0);
+        }
+    }
+    println!();
+    if a.counts_only {
+        println!(
+            "idle: {} promoted values, none dropped while held, all after",
+            a.values
+        );
+        return;
+    }
+    let cpu = if share.is_empty() {
+        "n/a (no getrusage here)".to_string()
+    } else {
+        format!("{:.3}", median(&mut share))
+    };
+    println!(
+        "| {} idle promoted values, {} ms | CPU, % of one core |",
+        a.values, a.idle_ms
+    );
+    println!("|---|--:|");
+    println!("| the whole process (the engine included) | {cpu} |");
+
+    let (mut s_rate, mut a_rate, mut ratio) = (vec![], vec![], vec![]);
+    for _ in 0..a.reps {
+        let arc = arc_churn(a.churn);
+        let shared = shared_churn(a.churn);
+        a_rate.push(arc / 1e6);
+        s_rate.push(shared / 1e6);
+        ratio.push(shared / arc);
+    }
+    println!();
+    println!("| churn, 1 thread, new + clone + drop + the value's drop | M values/s | / `Arc` |");
+    println!("|---|--:|--:|");
+    println!("| `Arc` | {:.2} | |", median(&mut a_rate));
+    println!(
+        "| `Shared` (never promoted; ends with a flush) | {:.2} | {:.3} |",
+        median(&mut s_rate),
+        median(&mut ratio)
+    );
+
+    let d = Duration::from_millis(a.hot_ms);
+    let (mut alone, mut with, mut kept, mut pend) = (vec![], vec![], vec![], vec![]);
+    for _ in 0..a.reps {
+        let (r0, _) = hot_rate(&cpus, d, None);
+        let (r1, p) = hot_rate(&cpus, d, Some(a.storm));
+        alone.push(r0 / 1e6);
+        with.push(r1 / 1e6);
+        kept.push(r1 / r0);
+        pend.push(p as f64);
+    }
+    println!();
+    println!(
+        "| hot value, 1 thread on CPU {}; storm of {} promoted values on CPU {} | M pairs/s | kept | most values awaiting their drop |",
+        cpus[0],
+        a.storm,
+        cpus.get(1).unwrap_or(&cpus[0])
+    );
+    println!("|---|--:|--:|--:|");
+    println!("| alone | {:.1} | | |", median(&mut alone));
+    println!(
+        "| during the storm | {:.1} | {:.3} | {:.0} |",
+        median(&mut with),
+        median(&mut kept),
+        median(&mut pend)
+    );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A short end-to-end run: every value dropped once, none early.
+    #[test]
+    fn a_short_run_drops_every_value() {
+        let d = release_delays(3);
+        assert_eq!(d.len(), 3);
+        assert!(idle_cost(100, Duration::from_millis(20)).is_none_or(|s| s >= 0.0));
+        assert!(shared_churn(1000) > 0.0);
+        let cpus = affinity::allowed_cpus();
+        let (_, most) = hot_rate(&cpus, Duration::from_millis(10), Some(2000));
+        assert!(most <= 2000);
+    }
+}
