@@ -29,8 +29,11 @@
 
 #[path = "../../../benches/common/affinity.rs"]
 mod affinity;
+#[path = "../common/costs.rs"]
+mod costs;
 use clap::builder::RangedU64ValueParser;
 use clap::Parser;
+use costs::{cpu_time, median, percentile};
 use percpu_ref::shared::Shared;
 use percpu_ref::{backend, flush};
 use std::hint::black_box;
@@ -86,41 +89,6 @@ struct Args {
     /// Counts only, no times (for emulated guests)
     #[arg(long)]
     counts_only: bool,
-}
-
-/// The `p`th percentile of `v` (nearest rank, sorted in place); 0 when
-/// empty.
-fn percentile(v: &mut [f64], p: f64) -> f64 {
-    if v.is_empty() {
-        return 0.0;
-    }
-    v.sort_by(f64::total_cmp);
-    let rank = ((p / 100.0) * v.len() as f64).ceil().max(1.0) as usize;
-    v[rank.min(v.len()) - 1]
-}
-
-fn median(v: &mut [f64]) -> f64 {
-    percentile(v, 50.0)
-}
-
-/// The process's CPU time so far (user + system).
-#[cfg(unix)]
-fn cpu_time() -> Option<Duration> {
-    // SAFETY: rusage is plain data; getrusage fills it.
-    let mut u: libc::rusage = unsafe { std::mem::zeroed() };
-    // SAFETY: `u` is a valid, writable rusage.
-    let rc = unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut u) };
-    assert_eq!(rc, 0, "getrusage failed");
-    let tv = |t: libc::timeval| {
-        Duration::from_secs(t.tv_sec as u64) + Duration::from_micros(t.tv_usec as u64)
-    };
-    Some(tv(u.ru_utime) + tv(u.ru_stime))
-}
-
-/// Not read off Unix (no `getrusage`): the idle row says so.
-#[cfg(not(unix))]
-fn cpu_time() -> Option<Duration> {
-    None
 }
 
 /// A value that records when it was dropped (ns after `epoch`, plus one).
