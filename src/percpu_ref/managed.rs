@@ -97,7 +97,26 @@ use std::pin::Pin;
 
 /// Managed entries queued so far, for [`flush`]'s loop (a count, not a
 /// part of the protocol).
+#[cfg(not(percpu_ref_loom))]
 static QUEUED: crate::sync::unmodeled::AtomicU64 = crate::sync::unmodeled::AtomicU64::new(0);
+
+/// Under loom, one count per execution (a process-wide one would let the
+/// models that run at the same time on other test threads change how many
+/// rounds a model's `flush` runs: an execution loom cannot replay). Not a
+/// modelled atomic: it is no part of the protocol.
+#[cfg(percpu_ref_loom)]
+fn queued() -> &'static crate::sync::unmodeled::AtomicU64 {
+    loom::lazy_static! {
+        static ref QUEUED: crate::sync::unmodeled::AtomicU64 =
+            crate::sync::unmodeled::AtomicU64::new(0);
+    }
+    &QUEUED
+}
+
+#[cfg(not(percpu_ref_loom))]
+fn queued() -> &'static crate::sync::unmodeled::AtomicU64 {
+    &QUEUED
+}
 
 /// Managed steps queued and not yet begun: how far the engine is behind
 /// (a gauge for back-pressure, not a part of the protocol).
@@ -131,9 +150,9 @@ const FLUSH_ROUNDS: usize = 8;
 /// being scanned).
 pub(super) fn flush() {
     for _ in 0..FLUSH_ROUNDS {
-        let before = QUEUED.load(crate::sync::unmodeled::Ordering::Relaxed);
+        let before = queued().load(crate::sync::unmodeled::Ordering::Relaxed);
         grace::flush();
-        if QUEUED.load(crate::sync::unmodeled::Ordering::Relaxed) == before {
+        if queued().load(crate::sync::unmodeled::Ordering::Relaxed) == before {
             return;
         }
     }
@@ -485,7 +504,7 @@ impl PercpuRef {
             Step::Scan => Self::step_scan,
             Step::Decide => Self::step_decide,
         };
-        QUEUED.fetch_add(1, crate::sync::unmodeled::Ordering::Relaxed);
+        queued().fetch_add(1, crate::sync::unmodeled::Ordering::Relaxed);
         BACKLOG.fetch_add(1, crate::sync::unmodeled::Ordering::Relaxed);
         // The clear needs no grace period before it, the scan and the
         // window do (after the clear, after the window's ATOMIC store).
