@@ -28,12 +28,14 @@
 //! Kill = set `DEAD`, switch to atomic with the caller's confirm, put the
 //! base reference. After the confirm, every `tryget_live` reads `DEAD`.
 //!
-//! In atomic mode a get, tryget or put is one unconditional add or sub on
-//! the atomic counter, as the kernel's `rcuref_t`: the zone it lands in
-//! (zero, live, saturated, biased, released; see [`AtomicCount`]) says
-//! whether it needs a repair. The put that lands on zero elects the
-//! release (a compare-and-swap to `RELEASED`); a get or tryget that lands
-//! on a released counter gives its increment back and fails.
+//! In atomic mode a get or put is one unconditional add or sub on the
+//! atomic counter, as the kernel's `rcuref_t`: the zone it lands in (zero,
+//! live, saturated, biased, released; see [`AtomicCount`]) says whether it
+//! needs a repair. The put that lands on zero elects the release (a
+//! compare-and-swap to `RELEASED`); a get that lands on a released counter
+//! gives its increment back and fails. A tryget is a compare-and-swap that
+//! fails on zero, so nothing revives a count under the final put's
+//! election (`atomic_mode`, "Why tryget compares").
 //!
 //! # What cannot go wrong half-way
 //!

@@ -269,10 +269,9 @@ impl PercpuRef {
         self.try_add_percpu(n, n) || self.tryget_atomic("tryget_many", n)
     }
 
-    /// The atomic-mode tryget: one `fetch_add` ([`AtomicCount::tryget`]).
-    /// A tryget that lands on a released ref gives its increment back, and
-    /// runs `release` itself when that give-back was the last landing on
-    /// zero (a revival raced it; see `atomic_mode`, invariant 3).
+    /// The atomic-mode tryget: a compare-and-swap that fails on zero or
+    /// released ([`AtomicCount::tryget`]); `release` is never its to run
+    /// (the arm stays for the contract of `AddOutcome`).
     ///
     /// Out of line, unlike the get and put: inlining it measured no
     /// difference (docs/performance.md, "Atomic mode").
