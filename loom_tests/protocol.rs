@@ -554,14 +554,14 @@ fn final_put_vs_tryget_atomic(backend: Backend) {
     assert!(r.is_zero() && !r.tryget(), "released is sticky");
 }
 
-/// Model 9b: a tryget lands on a released count while the owner revives
-/// it (`reinit`) and puts the new base reference. A tryget that fails
-/// leaves an excursion, its increment, until it gives it back; the
-/// revival keeps it (it shifts the counter from `RELEASED` to one
-/// reference), so whichever lands last on zero, the owner's put or the
-/// give-back, elects the second release. Exactly two releases, never with
-/// a reference held. Catches `dead_zone_no_give_back`,
-/// `give_back_no_election` and `revive_stores_one`.
+/// Model 9b: a tryget on a released count while the owner revives it
+/// (`reinit`) and puts the new base reference. Since issue 36 a tryget
+/// compares and fails on released without writing (no excursion: those
+/// now come only from a misused get, and the unit tests of `atomic_mode`
+/// check the revival keeps them, `revive_stores_one`); it either fails or
+/// takes a reference of the new life. Exactly two releases, never with a
+/// reference held. Catches `tryget_no_zero_check` and
+/// `revive_no_base_ref`.
 fn tryget_in_released_zone_vs_reinit(backend: Backend) {
     let p = Probe::new(1); // the base reference
     let r = counting_ref(&p, InitFlags::INIT_ATOMIC, backend);
