@@ -570,6 +570,28 @@ fn shared_promotion_vs_last_drop(backend: Backend) {
     shared_done(&drops);
 }
 
+/// Two threads promote one value (two clones that crossed the threshold
+/// at once, or `Shared::promote` on a promoted value) while the engine
+/// scans it after a drop: the second promoter must not leave the ref
+/// handed back and unqueued (it asks the engine to stop for its lock), or
+/// the value is never dropped.
+fn shared_second_promotion_vs_scan(backend: Backend) {
+    let drops = Arc::new(AtomicUsize::new(0));
+    let v = percpu_ref::loom_support::shared_on(Canary::new(&drops), backend);
+    let a = v.clone();
+    let t = thread::spawn(move || {
+        Shared::promote(&a);
+        a.read();
+        drop(a);
+    });
+    let engine = spawn_engine();
+    Shared::promote(&v);
+    drop(v);
+    t.join().unwrap();
+    engine.join().unwrap();
+    shared_done(&drops);
+}
+
 /// A clone from a `Shared` and its drop on another thread, racing the last
 /// other handle's drop while the engine scans the promoted value.
 fn shared_clone_vs_scan(backend: Backend) {
@@ -654,5 +676,6 @@ models! {
     shared_promotion_vs_last_drop: preemptions 2, backends [sharded, rseq_model];
     shared_clone_vs_scan: preemptions 2, backends [sharded, rseq_model];
     shared_upgrade_vs_last_drop: preemptions 2, backends [sharded, rseq_model];
+    shared_second_promotion_vs_scan: preemptions 2, backends [rseq_model];
     owned_tryget_vs_last_put_after_kill: preemptions 2, backends [sharded];
 }

@@ -269,11 +269,22 @@ impl PercpuRef {
     pub(crate) fn promote_to_managed(self: Pin<&Self>) -> bool {
         const OP: &str = "shared::Shared::promote";
         let r = self.get_ref();
-        if r.counters.backend() != Backend::Rseq {
+        if r.counters.backend() != Backend::Rseq || r.is_managed() {
+            // Promoted already (a second promoter, or `Shared::promote` on
+            // a promoted value): not the lock, which would stop a scan.
             return false;
         }
         let mut g = r.lock_switch_keeping_manager(OP);
         let mode = r.mode();
+        // mutant shared_promote_no_resume: a promoter that lost the race to
+        // another leaves the ref as the lock found it (handed back by the
+        // engine, marked and unqueued: never released).
+        if mode & MODE_MANAGED != 0 && !mutated!("shared_promote_no_resume") {
+            // Another thread promoted it after our check, and the engine
+            // may have handed it back to our lock: queue it again.
+            r.resume_management(&g);
+            return false;
+        }
         if mode & (MODE_ATOMIC | MODE_DEAD | MODE_MANAGED) != MODE_ATOMIC {
             return false;
         }
@@ -378,6 +389,18 @@ impl PercpuRef {
                 }
             }
         }
+    }
+
+    #[cfg(percpu_ref_loom)]
+    #[allow(missing_docs)]
+    pub fn dbg_state(&self) -> String {
+        format!(
+            "mode {:#x} count {:#x} sum {:#x} stop {}",
+            self.mode(),
+            self.count.load(),
+            self.counters.racy_sum(),
+            self.manager_stop.load(Ordering::Relaxed)
+        )
     }
 
     /// True while the engine manages the ref ([`switch_to_managed`](Self::switch_to_managed)
@@ -525,7 +548,7 @@ impl PercpuRef {
         BACKLOG.fetch_sub(1, crate::sync::unmodeled::Ordering::Relaxed);
         // SAFETY: the caller's contract.
         let r = unsafe { &*this.cast::<Self>() };
-        if r.stop_requested() {
+        if r.take_stop() {
             return r.hand_back();
         }
         r.clear_mark();
@@ -551,7 +574,7 @@ impl PercpuRef {
         BACKLOG.fetch_sub(1, crate::sync::unmodeled::Ordering::Relaxed);
         // SAFETY: the caller's contract.
         let r = unsafe { &*this.cast::<Self>() };
-        if r.stop_requested() {
+        if r.take_stop() {
             return r.hand_back();
         }
         // ordering-audit: Relaxed: what the guess reads is atomic (the
@@ -629,8 +652,8 @@ impl PercpuRef {
         // mutant managed_no_window: release on the guess alone, without the
         // election from exactly 1 (a reference taken since is released
         // under, and the counter never reaches RELEASED).
-        let elected = !r.stop_requested()
-            && (mutated!("managed_no_window") || r.count.elect_release_of_last());
+        let stop = r.take_stop();
+        let elected = !stop && (mutated!("managed_no_window") || r.count.elect_release_of_last());
         if elected {
             r.update_mode(|m| m & !(MODE_MANAGED | MODE_POLLED | MODE_UNMARKED) | MODE_DEAD);
             if let Err(payload) = catch_unwind(AssertUnwindSafe(|| (r.release)(r))) {
@@ -652,7 +675,7 @@ impl PercpuRef {
             unreachable!("percpu_ref: {OP}: the stand-in keeps the count above zero");
         }
         r.counters.reset();
-        if r.stop_requested() {
+        if stop || r.take_stop() {
             return r.hand_back();
         }
         // Release: a section that reads the bound a mark restores sees the
@@ -688,12 +711,20 @@ impl PercpuRef {
         }
     }
 
-    /// Whether a switch or `Drop` asked the engine to let go.
-    fn stop_requested(&self) -> bool {
+    /// Whether a switch or `Drop` asked the engine to let go; the request
+    /// is consumed, so the caller hands the ref back when this is true.
+    ///
+    /// A read-modify-write, not a load: a waiter whose ref went idle
+    /// without a step seeing its request clears it itself (under the
+    /// switch lock, `resume_management`), and a later step must not act on
+    /// the stale `true` (it would hand the ref back with nobody waiting to
+    /// queue it again: found by loom, two promotions of one `Shared`). An
+    /// RMW reads the latest value; a load may read an older one.
+    fn take_stop(&self) -> bool {
         // ordering-audit: Relaxed: a request, which publishes nothing: the
         // hand-back's release and the waiter's acquire of PENDING order the
         // ref's state.
-        self.manager_stop.load(Ordering::Relaxed)
+        self.manager_stop.swap(false, Ordering::Relaxed)
     }
 
     /// Ends a scan at a switch's or `Drop`'s request: percpu mode, marked,
@@ -712,7 +743,7 @@ impl PercpuRef {
     /// `Drop` waits for it).
     pub(super) fn request_stop(&self) {
         if self.mode() & MODE_MANAGED != 0 {
-            // ordering-audit: Relaxed: as `stop_requested`.
+            // ordering-audit: Relaxed: as `take_stop`.
             self.manager_stop.store(true, Ordering::Relaxed);
         }
     }
