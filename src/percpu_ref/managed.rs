@@ -314,10 +314,11 @@ impl PercpuRef {
         true
     }
 
-    /// The put of `shared::Shared`, whose ref may be promoted (above) while
-    /// a put is between reading the mode word and counting: per CPU if the
-    /// section counts; the managed put once managed; in atomic mode a
-    /// compare-and-swap on a true count
+    /// The put of `shared::Shared` that its per-CPU section did not count
+    /// (`try_put_percpu_raw` first, in the caller): the ref may be promoted
+    /// (above) while a put is between reading the mode word and counting.
+    /// The managed put once managed; in atomic mode a compare-and-swap on
+    /// a true count
     /// ([`AtomicCount::put_one_unless_biased`](crate::atomic_mode::AtomicCount::put_one_unless_biased)),
     /// which a promotion's bias makes fail, so that the put then finds the
     /// ref managed and marks it.
@@ -325,25 +326,8 @@ impl PercpuRef {
     /// # Safety
     ///
     /// As `put_many_raw` with `n` = 1.
-    #[inline(always)]
-    pub(crate) unsafe fn put_promotable_raw(this: *const Self, slow: unsafe fn(*const Self)) {
-        // SAFETY: forwarded.
-        if !unsafe { Self::try_put_percpu_raw(this, 1) } {
-            // SAFETY: forwarded.
-            unsafe { slow(this) }
-        }
-    }
-
-    /// The part of [`put_promotable_raw`](Self::put_promotable_raw) after
-    /// its section did not count: the caller's `slow` wraps it (the shared
-    /// layer settles an owed unit around it, which the per-CPU path never
-    /// leaves).
-    ///
-    /// # Safety
-    ///
-    /// As [`put_promotable_raw`](Self::put_promotable_raw).
     #[inline(never)]
-    pub(crate) unsafe fn put_promotable_slow(this: *const Self) {
+    pub(crate) unsafe fn put_promotable(this: *const Self) {
         loop {
             // Only the atomics are borrowed across the count (as in
             // `put_atomic_raw`): another thread's release may free the ref

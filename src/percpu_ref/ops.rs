@@ -170,7 +170,7 @@ impl PercpuRef {
     ///
     /// As [`put_many_raw`](Self::put_many_raw).
     #[inline(always)]
-    pub(super) unsafe fn try_put_percpu_raw(this: *const Self, n: u64) -> bool {
+    pub(crate) unsafe fn try_put_percpu_raw(this: *const Self, n: u64) -> bool {
         // SAFETY: the caller's references keep `*this` alive until our
         // decrement; no borrow formed here outlives it, except the mode
         // word's (an atomic: allowed to dangle, as `Arc`'s counter).

@@ -18,7 +18,7 @@
 //! # Two lives of a `Shared`: atomic, then managed
 //!
 //! A block starts in atomic mode (`INIT_ATOMIC`): a clone is one atomic
-//! add, a drop one compare-and-swap (`PercpuRef::put_promotable_raw`: a
+//! add, a drop one compare-and-swap (`PercpuRef::put_promotable`: a
 //! drop that read "atomic" just before a promotion must not count on the
 //! promoted counter unmarked), and the drop from one to none runs
 //! `release` at once, on its thread, as `Arc` does. Most shared values
@@ -290,20 +290,25 @@ pub(super) unsafe fn block_of<T>(ptr: *const T) -> NonNull<Block<T>> {
 /// The caller holds one reference on `p` and gives it up.
 #[inline(always)]
 pub(super) unsafe fn put_ref<T>(p: NonNull<Block<T>>) {
+    // SAFETY: the block is allocated (our reference); no reference is made.
+    let pref = unsafe { std::ptr::addr_of!((*p.as_ptr()).pref) };
     // SAFETY: our reference keeps the block alive until the put gives it
     // up; the raw put holds no borrow of the block past that point. The
     // per-CPU path runs no `release`, so only the slow one settles.
-    unsafe { PercpuRef::put_promotable_raw(std::ptr::addr_of!((*p.as_ptr()).pref), put_slow) };
+    if !unsafe { PercpuRef::try_put_percpu_raw(pref, 1) } {
+        // SAFETY: as above.
+        unsafe { put_slow(pref) }
+    }
 }
 
 /// A put that its section did not count, then a unit its release owed.
 ///
 /// # Safety
 ///
-/// As `PercpuRef::put_promotable_raw`.
+/// As `PercpuRef::put_promotable`.
 #[inline(never)]
 unsafe fn put_slow(pref: *const PercpuRef) {
     let _settle = settle_guard();
     // SAFETY: forwarded.
-    unsafe { PercpuRef::put_promotable_slow(pref) }
+    unsafe { PercpuRef::put_promotable(pref) }
 }
