@@ -66,7 +66,11 @@
 //!    (from the mark that queues it to the end of its scan): no switch
 //!    starts, and `Drop` waits (invariant 4 of `grace`). A switch, or
 //!    `Drop`, that finds it pending sets `stop`, and the engine hands the
-//!    ref back at its next step, marked and unreleased. A put touches
+//!    ref back at its next step, marked and unreleased; the engine takes
+//!    the request with a swap (a load could read one its waiter already
+//!    withdrew), and a waiter that leaves the ref managed (a refused
+//!    `switch_to_managed`, a second promotion) withdraws it and queues a
+//!    handed-back ref again (`resume_management`). A put touches
 //!    nothing of the ref after its counting add, so a release may free the
 //!    ref as soon as it is elected.
 //! 5. **Any switch ends the management** (the kill takes over): under the
@@ -373,18 +377,6 @@ impl PercpuRef {
                 }
             }
         }
-    }
-
-    #[cfg(percpu_ref_loom)]
-    #[allow(missing_docs)]
-    pub fn dbg_state(&self) -> String {
-        format!(
-            "mode {:#x} count {:#x} sum {:#x} stop {}",
-            self.mode(),
-            self.count.load(),
-            self.counters.racy_sum(),
-            self.manager_stop.load(Ordering::Relaxed)
-        )
     }
 
     /// True while the engine manages the ref ([`switch_to_managed`](Self::switch_to_managed)
