@@ -80,8 +80,10 @@
 //! runs steps itself. The engine's state is a `loom::lazy_static`, fresh
 //! for every execution.
 
+use crate::sync::unmodeled;
 use crate::sync::{self, AtomicBool, AtomicU64, Condvar, Mutex, Ordering};
 use std::cell::Cell;
+use std::time::Duration;
 
 #[cfg(not(percpu_ref_loom))]
 mod engine;
@@ -95,11 +97,67 @@ use engine::{complete_refused, start_engine};
 #[cfg(all(unix, not(miri), not(percpu_ref_loom)))]
 pub(crate) use fork::{child_after_fork, parent_after_fork, prepare_fork};
 
-/// The most a woken engine waits for more switches before running the
-/// batch's grace period: bounds a steady stream's membarrier rate to about
-/// 1000 per second, and a lone kill's latency to about a millisecond.
-#[cfg(not(percpu_ref_loom))]
-pub(crate) const BATCH_DELAY: std::time::Duration = std::time::Duration::from_millis(1);
+/// The default of [`batch_delay`]: the most a woken engine waits for more
+/// switches before running the batch's grace period. Bounds a steady
+/// stream's membarrier rate to about 1000 per second, and a lone kill's
+/// latency to about a millisecond.
+pub const DEFAULT_BATCH_DELAY: Duration = Duration::from_millis(1);
+/// The longest [`set_batch_delay`] accepts.
+pub const MAX_BATCH_DELAY: Duration = Duration::from_secs(1);
+
+/// [`batch_delay`] in nanoseconds. A process-wide setting read once per
+/// batch, not part of the protocol: not modeled.
+static BATCH_DELAY_NS: unmodeled::AtomicU64 = unmodeled::AtomicU64::new(1_000_000);
+const _: () = assert!(DEFAULT_BATCH_DELAY.as_nanos() == 1_000_000);
+
+/// How long the grace-period engine, once woken, gathers more work before
+/// it runs one grace period for all of it ([`DEFAULT_BATCH_DELAY`], 1 ms,
+/// until [`set_batch_delay`]).
+///
+/// # Examples
+///
+/// ```
+/// assert!(percpu_ref::batch_delay() <= percpu_ref::MAX_BATCH_DELAY);
+/// ```
+#[must_use]
+pub fn batch_delay() -> Duration {
+    Duration::from_nanos(BATCH_DELAY_NS.load(unmodeled::Ordering::Relaxed))
+}
+
+/// Sets [`batch_delay`] for the whole process, from the engine's next
+/// batch on: the latency of the deferred operations against the rate of
+/// grace periods. A deferred kill (`kill`, an `Owner`'s drop) completes
+/// about one delay (plus a grace period) after it is made; a promoted
+/// [`Shared`](crate::shared::Shared) is dropped about three rounds of the
+/// engine (each a delay and a grace period) after its last handle, since
+/// a managed ref's scan takes three (docs/design.md, "Managed refs").
+/// Shorter means sooner, and more grace periods (`membarrier` calls, each
+/// an interrupt on every CPU running the process) while work keeps
+/// coming: with zero, a process with a hot promoted value runs grace
+/// periods back to back. Longer means fewer, and memory held longer.
+///
+/// # Panics
+///
+/// When `delay` is longer than [`MAX_BATCH_DELAY`] (1 s), naming it.
+///
+/// # Examples
+///
+/// ```
+/// use std::time::Duration;
+/// // Release promoted values sooner, at the price of more grace periods.
+/// percpu_ref::set_batch_delay(Duration::from_micros(250));
+/// assert_eq!(percpu_ref::batch_delay(), Duration::from_micros(250));
+/// percpu_ref::set_batch_delay(percpu_ref::DEFAULT_BATCH_DELAY);
+/// ```
+pub fn set_batch_delay(delay: Duration) {
+    assert!(
+        delay <= MAX_BATCH_DELAY,
+        "percpu_ref::set_batch_delay: {delay:?} is longer than the most accepted, {MAX_BATCH_DELAY:?}"
+    );
+    // At most 1 s: fits.
+    let ns = u64::try_from(delay.as_nanos()).unwrap_or(u64::MAX);
+    BATCH_DELAY_NS.store(ns, unmodeled::Ordering::Relaxed);
+}
 /// A batch this large runs its grace period without waiting any longer: a
 /// burst costs one membarrier per 4096 switches (the design asks for at
 /// most one per 1000), and a batch's completion stays a few milliseconds of work.

@@ -40,6 +40,7 @@ pub mod shared;
 mod sync;
 
 pub use flags::{Error, InitFlags};
+pub use grace::{batch_delay, set_batch_delay, DEFAULT_BATCH_DELAY, MAX_BATCH_DELAY};
 pub use owned::{FreezeTimeout, Frozen, Killed, Owner, Ref, Weak};
 pub use percpu::{backend, possible_cpus, Backend};
 pub use percpu_ref::{flush, PercpuRef};

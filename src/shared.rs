@@ -12,14 +12,17 @@
 //!
 //! # How
 //!
-//! - **Born atomic.** [`Shared::new`] makes a value in atomic mode: a clone
-//!   is one atomic add and a drop one compare-and-swap, and the last drop
-//!   drops `T` at once on its own thread, as `Arc`. A value
-//!   that is cloned a few times and dropped never meets the engine.
+//! - **Born an `Arc`.** [`Shared::new`] allocates what `Arc::new` does:
+//!   16 bytes of counts and `T`. A clone is one compare-and-swap on the
+//!   count, a drop another, and the last drop drops `T` at once on its own
+//!   thread, as `Arc`. A value that is cloned a few times and dropped
+//!   never allocates more or meets the engine.
 //! - **Promoted when hot.** After [`PROMOTE_AFTER`] clones (or
-//!   [`Shared::promote`]) the value switches to percpu mode under the
-//!   engine's management, without a grace period: from then on a clone and
-//!   a drop are per-CPU (on the rseq backend: no atomic instruction).
+//!   [`Shared::promote`]) one thread hands the count over to a
+//!   [`PercpuRef`] it allocates, and switches that to percpu mode under
+//!   the engine's management, without a grace period: from then on a
+//!   clone and a drop are per-CPU (on the rseq backend: no atomic
+//!   instruction).
 //! - **Released by the engine.** The engine holds a stand-in reference and
 //!   looks only at values dropped since its last look (a drop *marks* the
 //!   value on its first drop after each look, one compare-and-swap): a
@@ -32,8 +35,10 @@
 //!
 //! By the last `Shared`'s drop, on its thread, while the value is in atomic
 //! mode (never promoted, or on the sharded backend). Once promoted: on the
-//! grace-period engine's thread, about 3 ms (three engine rounds) after
-//! the last `Shared` is dropped; [`percpu_ref::flush`](crate::flush) makes
+//! grace-period engine's thread, about 3 ms (three engine rounds, each
+//! [`batch_delay`](crate::batch_delay) and a grace period; set it with
+//! [`set_batch_delay`](crate::set_batch_delay)) after the last `Shared`
+//! is dropped; [`percpu_ref::flush`](crate::flush) makes
 //! every such drop happen before it returns (for tests and shutdown). That
 //! is why [`Shared::new`] requires `T: Send + 'static`, which `Arc` does
 //! not. A panic in `T`'s `Drop` propagates to the dropping thread in
@@ -57,16 +62,19 @@
 //!
 //! Measured in docs/performance.md ("`Shared`"). In short: a promoted
 //! value's clone + drop costs what a [`PercpuRef`] get + put costs plus one
-//! load (the promotion hint), flat in the number of CPUs; an unpromoted
-//! one costs `Arc`'s. Making a value costs more than `Arc::new`: the
-//! block holds a 128-byte [`PercpuRef`] and a per-CPU slot in the arena,
-//! and the release callback is boxed.
+//! load (the state word, never written once promoted), flat in the number
+//! of CPUs; an unpromoted one costs about `Arc`'s (compare-and-swaps
+//! instead of adds: the same time on one thread, more instructions).
+//! Making and dropping a value costs about what `Arc`'s does (the block is
+//! `Arc`'s); a promotion allocates the 128-byte ref, its boxed release
+//! callback and a per-CPU slot in the arena.
 //!
 //! # Limitations
 //!
-//! - Memory: a block is the ref (128 bytes), 16 bytes of counts and `T`,
-//!   plus 8 bytes per CPU-slot in the per-CPU arena once used per CPU;
-//!   `Arc` needs 16 bytes and `T`.
+//! - Memory: an unpromoted value takes what an `Arc` takes (16 bytes and
+//!   `T`). A promoted one adds the ref (128 bytes: its atomic count has a
+//!   cache line to itself), its boxed release callback (16 bytes) and 8
+//!   bytes per CPU slot in the per-CPU arena that has counted on it.
 //! - A promoted value keeps its memory for a few milliseconds after its
 //!   last drop. Values that are never promoted are dropped at once, so a
 //!   storm of short-lived values piles nothing up. Promoted ones are bounded
@@ -76,7 +84,10 @@
 //!   their drop stay near that many (plus what other threads promote
 //!   meanwhile), at the price of that promotion's latency.
 //! - On the sharded backend (no rseq) nothing is promoted: every `Shared`
-//!   is an `Arc` with a larger block.
+//!   is an `Arc` (whose clones and drops compare and swap).
+//! - Before promotion the count has 56 bits on 64-bit targets (24 on
+//!   32-bit); a clone past that panics, naming it (only reachable on the
+//!   sharded backend, where nothing is handed over).
 //! - A `Shared` dropped after `main` returned, while the process exits, may
 //!   never have its `T` dropped (as a value left in a static).
 //!

@@ -25,7 +25,7 @@ pub(crate) use loom::sync::atomic::AtomicBool;
 #[cfg(all(percpu_ref_loom, feature = "css"))]
 pub(crate) use loom::sync::atomic::AtomicPtr;
 #[cfg(percpu_ref_loom)]
-pub(crate) use loom::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
+pub(crate) use loom::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 #[cfg(percpu_ref_loom)]
 pub(crate) use loom::sync::{Condvar, Mutex, MutexGuard};
 #[cfg(percpu_ref_loom)]
@@ -34,7 +34,7 @@ pub(crate) use loom::thread_local;
 #[cfg(not(percpu_ref_loom))]
 pub(crate) use std::sync::atomic::AtomicBool;
 #[cfg(not(percpu_ref_loom))]
-pub(crate) use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
+pub(crate) use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 // Only the css model uses this.
 #[cfg(all(not(percpu_ref_loom), feature = "css"))]
 pub(crate) use std::sync::atomic::AtomicPtr;

@@ -556,3 +556,20 @@ fn a_switch_of_the_same_ref_from_a_deferred_confirm_is_refused() {
     );
     assert_eq!(rel.load(SeqCst), 1);
 }
+
+#[test]
+#[should_panic(expected = "percpu_ref::set_batch_delay: 2s is longer than the most accepted, 1s")]
+fn a_batch_delay_over_the_maximum_is_refused_by_name() {
+    percpu_ref::set_batch_delay(std::time::Duration::from_secs(2));
+}
+
+#[test]
+fn the_batch_delay_is_read_back_as_set() {
+    // The default is restored: other tests in this binary use the engine.
+    let was = percpu_ref::batch_delay();
+    assert_eq!(was, percpu_ref::DEFAULT_BATCH_DELAY);
+    let d = std::time::Duration::from_micros(1500);
+    percpu_ref::set_batch_delay(d);
+    assert_eq!(percpu_ref::batch_delay(), d);
+    percpu_ref::set_batch_delay(was);
+}

@@ -5,7 +5,7 @@
 //! condition variable; a deferred switch wakes it only when it sleeps (a
 //! flag under the queue lock), so a stream of kills makes no system call
 //! on the killing threads. Once woken it gathers for up to
-//! [`BATCH_DELAY`] (1 ms) or until [`BATCH_FULL`] (4096) switches are
+//! [`batch_delay`] (1 ms unless set) or until [`BATCH_FULL`] (4096) switches are
 //! queued, whichever comes first, then runs one grace period for the
 //! whole queue. A steady stream therefore costs at most about one
 //! membarrier per millisecond (a few microseconds of interrupts per CPU,
@@ -26,7 +26,7 @@
 #[cfg(miri)]
 use super::Engine;
 use super::{
-    complete_batch, complete_standing_in, engine, take_batch, Batch, Queue, BATCH_DELAY,
+    batch_delay, complete_batch, complete_standing_in, engine, take_batch, Batch, Queue,
     BATCH_FULL, ON_ENGINE,
 };
 use crate::sync;
@@ -168,7 +168,7 @@ fn engine_main() {
     }
 }
 
-/// Sleeps until work is queued, gathers for up to [`BATCH_DELAY`] or until
+/// Sleeps until work is queued, gathers for up to [`batch_delay`] or until
 /// [`BATCH_FULL`] entries are queued (or a flush waits), and takes the
 /// queue.
 ///
@@ -187,7 +187,7 @@ fn wait_for_batch() -> Option<Batch> {
         q = sync::wait(&e.work, q);
     }
     q.sleeping = false;
-    let deadline = std::time::Instant::now() + BATCH_DELAY;
+    let deadline = std::time::Instant::now() + batch_delay();
     while q.entries.len() < BATCH_FULL && !q.urgent {
         let now = std::time::Instant::now();
         if now >= deadline {

@@ -1,87 +1,153 @@
-//! The heap block behind a [`Shared`] and its [`Weak`]s: the ref, the
-//! allocation count, the promotion hint and `T`; `release`, and the
+//! The heap block behind a [`Shared`] and its [`Weak`]s: a state word, the
+//! allocation count and `T` (the layout of `Arc`'s block); once promoted,
+//! the [`PercpuRef`] the state word points to; `release`, and the
 //! block's allocation and free.
 //!
 //! # Two counts
 //!
-//! - The **percpu count** keeps `T` alive: every `Shared` is one
-//!   reference (there is no owner and no base reference of anyone
-//!   else's). When it reaches zero, `release` drops `T`.
-//! - The **allocation count** keeps the block alive: one unit per `Weak`
-//!   and one on behalf of the whole percpu count while it is above zero,
-//!   so a `Shared` needs no unit of its own and a clone is a bare get.
-//!   `release` owes the count's unit, and whoever made the call that ran
-//!   it pays it once that call has returned (the owned layer's owed-unit
-//!   slot, `owned::block`): the thread whose drop was the last in atomic
-//!   mode, or the grace-period engine once it no longer touches the ref.
+//! - The **strong count** keeps `T` alive: every `Shared` is one reference
+//!   (there is no owner and no base reference of anyone else's). It lives
+//!   in the state word until promotion and in the ref after. When it
+//!   reaches zero, `T` is dropped.
+//! - The **allocation count** (`units`) keeps the block alive: one unit per
+//!   `Weak` and one on behalf of the whole strong count while it is above
+//!   zero, so a `Shared` needs no unit of its own and a clone is a bare
+//!   get. Whoever drops `T` pays the strong count's unit once nothing of
+//!   its own touches the block any more: the thread whose drop was the last
+//!   in atomic mode, or, once promoted, the grace-period engine after it
+//!   let go of the ref (the owned layer's owed-unit slot, `owned::block`).
 //!
 //! # Two lives of a `Shared`: atomic, then managed
 //!
-//! A block starts in atomic mode (`INIT_ATOMIC`): a clone is one atomic
-//! add, a drop one compare-and-swap (`PercpuRef::put_promotable`: a
-//! drop that read "atomic" just before a promotion must not count on the
-//! promoted counter unmarked), and the drop from one to none runs
-//! `release` at once, on its thread, as `Arc` does. Most shared values
-//! are short-lived or cloned a few times, and they never meet the
-//! grace-period engine. A value cloned [`PROMOTE_AFTER`] times (counted by
-//! a racy hint, see [`Block::count_clone`]) is *promoted*: switched to
-//! percpu mode and handed to the engine as a managed ref
-//! (`PercpuRef::promote_to_managed`, one hold of the switch lock, no grace
-//! period), after which clones and drops are per-CPU and the engine
-//! releases the value a few of its rounds after the last drop
-//! (`src/percpu_ref/managed.rs`). A promoted value never goes back.
+//! A block starts as `Arc`'s does: 16 bytes of counts and `T`, nothing
+//! else. The **state word** holds the strong count in its high bits, and in
+//! its low bits the clones counted toward promotion:
+//!
+//! ```text
+//!   count (bits 8..)  | PROMOTING (bit 7) | clones (bits 1..=6) | TAGGED (bit 0) = 0
+//!   address of the PercpuRef (aligned to 64)                    | TAGGED (bit 0) = 1
+//! ```
+//!
+//! Before promotion a clone adds one to the count and one to the clones in
+//! one compare-and-swap; a drop subtracts one from the count, and the drop
+//! from one to none drops `T` at once, on its thread, as `Arc`. Both are
+//! compare-and-swaps rather than `Arc`'s add, because the word may become
+//! an address under them; on one thread that costs `Arc`'s cost. Most
+//! shared values are short-lived or cloned a few times, and never allocate
+//! more or meet the grace-period engine.
+//!
+//! The clone that brings the clones to [`PROMOTE_AFTER`] sets `PROMOTING`
+//! in the same compare-and-swap (an explicit [`Shared::promote`] sets it
+//! alone), and that thread alone **hands the count over**: it makes a
+//! `PercpuRef` in atomic mode holding the count it read, and swaps the
+//! word for the ref's address, tagged; a swap that fails (a clone or drop
+//! got in) adjusts the ref's count to the word's and tries again. Until
+//! the swap, the others keep counting in the word (count only: the
+//! clones no longer matter); after it, everybody counts on the ref. Then
+//! the promoter switches the ref to percpu mode under the engine's
+//! management (`PercpuRef::promote_to_managed`, one hold of the switch
+//! lock, no grace period), racing drops that meet the ref while it is
+//! still atomic (`PercpuRef::put_promotable`). From then on clones and
+//! drops are per-CPU and the engine releases the value a few of its
+//! rounds after the last drop (`src/percpu_ref/managed.rs`). A promoted
+//! value never goes back. On a backend that cannot manage refs (sharded)
+//! nothing is handed over: `PROMOTING` stays set and the count stays in
+//! the word, as an `Arc`'s.
 //!
 //! # Invariants
 //!
-//! 1. `T` is alive while the percpu count is above zero; the count is the
+//! 1. `T` is alive while the strong count is above zero; the count is the
 //!    number of `Shared`s (plus the engine's stand-in once promoted, and a
 //!    `Weak::upgrade`'s reference for as long as it takes).
-//! 2. `T` is dropped exactly once, by `release`: the count reaches zero
-//!    once (no base reference to revive it; a tryget at zero fails).
-//! 3. The block is freed exactly once, by whoever drops the last
+//! 2. `T` is dropped exactly once: by the drop that takes the word's
+//!    count from one to zero, or by the ref's `release`. The count reaches
+//!    zero once: nothing adds to a count of zero (an upgrade compares, a
+//!    tryget fails at zero), and a word whose count is zero is never
+//!    handed over (the promoter holds a reference).
+//! 3. Only the thread that set `PROMOTING` makes the ref and swaps the
+//!    word; the word holds the count of every reference not counted on the
+//!    ref (none once swapped), so the two never both count one.
+//! 4. The block is freed exactly once, by whoever drops the last
 //!    allocation unit, after `T` is gone and after the last `PercpuRef`
-//!    call that touches it has returned.
-//! 4. Promotion happens with a reference held (the cloning handle's), so
+//!    call that touches it has returned; the ref is freed with it.
+//! 5. Promotion happens with a reference held (the promoting handle's), so
 //!    the count cannot reach zero during it.
 
 use crate::flags::InitFlags;
 use crate::owned::block::{owe_unit, release_callback, settle_guard, settle_owed, Erased, OnDrop};
 use crate::percpu::Backend;
 use crate::percpu_ref::PercpuRef;
-use crate::sync::{AtomicU32, AtomicUsize, Ordering};
-use std::mem::{ManuallyDrop, MaybeUninit};
+use crate::sync::{AtomicUsize, Ordering};
+use std::mem::ManuallyDrop;
 use std::pin::Pin;
 use std::ptr::NonNull;
 
 #[cfg(doc)]
 use super::{Shared, Weak};
 
-/// Clones (and upgrades) in atomic mode after which a value is promoted
-/// to per-CPU counting. A value cloned this often is likely shared and
-/// hot; one cloned less costs what an `Arc` costs and never waits for
-/// the engine. Each clone in atomic mode pays a load and a store of the
-/// hint on the block's third cache line.
+/// Clones (and upgrades) counted in the state word after which a value is
+/// promoted to per-CPU counting. A value cloned this often is likely shared
+/// and hot; one cloned less costs what an `Arc` costs and never allocates
+/// more or waits for the engine.
 pub const PROMOTE_AFTER: u32 = 64;
 
-/// The hint's value once promotion was tried (or done): never counted
-/// again.
-const PROMOTED: u32 = u32::MAX;
+/// The state word holds the ref's address, not a count.
+const TAGGED: usize = 1;
+/// One clone counted toward promotion (bits 1..=6).
+const CLONE_ONE: usize = 2;
+/// Set with the clone that reached [`PROMOTE_AFTER`] (the carry out of the
+/// clones' bits), or by `Shared::promote`: its setter hands the count over.
+const PROMOTING: usize = CLONE_ONE * PROMOTE_AFTER as usize;
+/// One reference in the word's count (bits 8..).
+const ONE: usize = 1 << 8;
+/// A clone before `PROMOTING`: one reference and one clone counted.
+const CLONE: usize = ONE + CLONE_ONE;
+/// The most references the word counts (2^56 - 1 on 64-bit targets); only
+/// reachable with `PROMOTING` set on a backend that never hands over.
+const MAX_COUNT: usize = usize::MAX / ONE;
+
+const _: () = assert!(PROMOTE_AFTER.is_power_of_two() && PROMOTING < ONE && PROMOTING > CLONE_ONE);
+// The tag needs the ref's address to be even (it is aligned to 64 bytes).
+const _: () = assert!(std::mem::align_of::<PercpuRef>() > TAGGED);
+
+/// The references counted in a state word that is not tagged.
+#[inline(always)]
+fn count(w: usize) -> usize {
+    w / ONE
+}
+
+/// The ref a tagged state word points to.
+///
+/// # Safety
+///
+/// `w` was read from a block's state word, tagged, and the caller holds a
+/// reference or an allocation unit (the ref lives as long as the block).
+#[inline(always)]
+unsafe fn ref_at<'a>(w: usize) -> &'a PercpuRef {
+    debug_assert!(w & TAGGED != 0);
+    // SAFETY: the caller's promise; the word was published by the
+    // hand-over's release and read with acquire.
+    unsafe { &*((w & !TAGGED) as *const PercpuRef) }
+}
 
 /// The one allocation behind a `Shared` and its `Weak`s.
 pub(super) struct Block<T> {
-    pub(super) pref: PercpuRef,
-    /// Allocation units: one per `Weak`, one for the percpu count while it
+    /// The strong count and the clones toward promotion, or the ref's
+    /// address once promoted (module docs).
+    pub(super) state: AtomicUsize,
+    /// Allocation units: one per `Weak`, one for the strong count while it
     /// is above zero.
     pub(super) units: AtomicUsize,
-    /// Clones counted toward promotion; [`PROMOTED`] once tried. A hint:
-    /// racing clones may lose counts (a load and a store, no RMW).
-    pub(super) clones: AtomicU32,
     /// Not in an `UnsafeCell`, so that handles are covariant in `T` (as
-    /// `Arc`'s): `release` drops it through the block's raw pointer, when
-    /// no handle can form a reference to it, and code that may run while
-    /// it is dropped (a `Weak`, the engine) only forms references to the
-    /// other fields (as std's `Weak::inner`).
+    /// `Arc`'s): `T` is dropped through the block's raw pointer, when no
+    /// handle can form a reference to it, and code that may run while it is
+    /// dropped (a `Weak`, the engine) only forms references to the other
+    /// fields (as std's `Weak::inner`).
     pub(super) value: ManuallyDrop<T>,
+    /// Only under loom, where each model chooses (the default, sharded,
+    /// never promotes).
+    #[cfg(percpu_ref_loom)]
+    backend: Backend,
     /// Only under loom, as the owned layer's (`owned::block`): every unit
     /// holder reads it just before giving up its unit and the freeing
     /// thread writes it just before the free, so a free not ordered after
@@ -91,72 +157,369 @@ pub(super) struct Block<T> {
 }
 
 impl<T> Block<T> {
-    /// After a clone or an upgrade took a reference: counts it toward
-    /// promotion, and promotes once there were enough.
-    #[inline(always)]
-    pub(super) fn count_clone(&self) {
-        // ordering-audit: Relaxed: a hint; promotion itself is decided
-        // under the switch lock.
-        let c = self.clones.load(Ordering::Relaxed);
-        if c < PROMOTE_AFTER {
-            self.count_clone_slow(c);
+    /// The backend a promotion uses.
+    #[inline]
+    #[cfg_attr(
+        not(percpu_ref_loom),
+        allow(clippy::unused_self, reason = "a field under loom only")
+    )]
+    fn backend(&self) -> Backend {
+        #[cfg(percpu_ref_loom)]
+        {
+            self.backend
+        }
+        #[cfg(not(percpu_ref_loom))]
+        {
+            crate::backend()
         }
     }
 
+    /// The ref once promoted.
+    pub(super) fn promoted_ref(&self) -> Option<&PercpuRef> {
+        // ordering-audit: kept: Acquire, as `get`'s first load (the ref's
+        // publication); no model asks `is_percpu`.
+        let w = self.state.load(Ordering::Acquire);
+        // SAFETY: tagged; `self` is borrowed from a handle.
+        (w & TAGGED != 0).then(|| unsafe { ref_at(w) })
+    }
+
+    /// A clone's get: on the ref once promoted, else in the word (counted
+    /// toward promotion, and promoting at the threshold). The caller holds
+    /// a reference. Inlined whole, as `PercpuRef::get`.
+    #[inline(always)]
+    pub(super) fn get(&self) {
+        // ordering-audit: kept: Acquire: a tagged word's ref was made (its
+        // plain fields: the counters' base, the boxed callback) before the
+        // hand-over's release published it, the message-passing pattern (a
+        // plain load on x86_64, `ldar` on aarch64). The models cannot show
+        // it: loom does not treat a plain field's initialisation as an
+        // access, and the ref's atomics carry their own orderings.
+        let mut w = self.state.load(Ordering::Acquire);
+        if w & TAGGED != 0 {
+            // SAFETY: tagged; the caller's reference keeps the block.
+            return unsafe { ref_at(w) }.get();
+        }
+        loop {
+            if w & PROMOTING != 0 {
+                return self.get_slow();
+            }
+            // Relaxed: a new reference from an existing one (as
+            // `Arc::clone`); a failure that finds the word tagged or
+            // promoting goes to `get_slow`, which loads it again (acquire).
+            match self
+                .state
+                .compare_exchange(w, w + CLONE, Ordering::Relaxed, Ordering::Relaxed)
+            {
+                Ok(_) => {
+                    if (w + CLONE) & PROMOTING != 0 {
+                        self.promote_claimed();
+                    }
+                    return;
+                }
+                Err(now) if now & TAGGED != 0 => return self.get_slow(),
+                Err(now) => w = now,
+            }
+        }
+    }
+
+    /// A get with `PROMOTING` set or the word tagged: on the ref once the
+    /// hand-over is done, else a reference (only) in the word.
     #[inline(never)]
-    fn count_clone_slow(&self, c: u32) {
-        // mutant shared_never_promoted: the clone count never promotes (a
-        // hot value stays in atomic mode: an `Arc` with a larger block).
-        if c + 1 < PROMOTE_AFTER || mutated!("shared_never_promoted") {
-            // ordering-audit: Relaxed: a hint (lost counts only delay it).
-            self.clones.store(c + 1, Ordering::Relaxed);
-        } else {
-            self.promote();
+    fn get_slow(&self) {
+        loop {
+            // ordering-audit: kept: Acquire, as `get`'s first load (the ref's
+            // publication); no model clones during a hand-over.
+            let w = self.state.load(Ordering::Acquire);
+            if w & TAGGED != 0 {
+                // SAFETY: tagged; the caller's reference keeps the block.
+                return unsafe { ref_at(w) }.get();
+            }
+            let n = count(w);
+            assert!(
+                n < MAX_COUNT,
+                "percpu_ref::shared::Shared::clone: the value has {n} handles, the most it can count"
+            );
+            // Relaxed: as in `get`; a failure loads again.
+            if self
+                .state
+                .compare_exchange(w, w + ONE, Ordering::Relaxed, Ordering::Relaxed)
+                .is_ok()
+            {
+                return;
+            }
+        }
+    }
+
+    /// A `Weak::upgrade`'s get: fails once the count reached zero.
+    /// The caller holds an allocation unit; only the block's atomics are
+    /// borrowed (`T` may be being dropped).
+    ///
+    /// # Safety
+    ///
+    /// `p` is allocated for the call (the caller's unit).
+    #[inline]
+    pub(super) unsafe fn tryget(p: NonNull<Self>) -> bool {
+        // SAFETY: the caller's unit; only the field is borrowed.
+        let state = unsafe { &(*p.as_ptr()).state };
+        loop {
+            // ordering-audit: kept: Acquire, as `get`'s first load (the ref's
+            // publication).
+            let w = state.load(Ordering::Acquire);
+            if w & TAGGED != 0 {
+                // Settles a unit in case a failed tryget's give-back ran
+                // `release` (it cannot here: nothing revives a `Shared`'s
+                // count at zero; the guard costs one thread-local load).
+                let _settle = settle_guard();
+                // SAFETY: tagged, and the caller's unit keeps the block.
+                return unsafe { ref_at(w) }.tryget();
+            }
+            let n = count(w);
+            if n == 0 {
+                return false;
+            }
+            assert!(
+                n < MAX_COUNT,
+                "percpu_ref::shared::Weak::upgrade: the value has {n} handles, the most it can count"
+            );
+            let next = if w & PROMOTING != 0 {
+                w + ONE
+            } else {
+                w + CLONE
+            };
+            // Relaxed: `T` was made before any `Weak` of it existed, so the
+            // upgrade has nothing to acquire (std's upgrade acquires for
+            // `new_cyclic`, which has no counterpart here); a failure loads
+            // again.
+            if state
+                .compare_exchange(w, next, Ordering::Relaxed, Ordering::Relaxed)
+                .is_ok()
+            {
+                if w & PROMOTING == 0 && next & PROMOTING != 0 {
+                    // SAFETY: the reference just taken keeps `T` alive: the
+                    // whole block may be borrowed now.
+                    unsafe { p.as_ref() }.promote_claimed();
+                }
+                return true;
+            }
         }
     }
 
     /// Switches to per-CPU counting under the engine's management, unless
-    /// done; true if the block counts per CPU now. The caller holds a
-    /// reference (invariant 4).
+    /// done; true if the block counts per CPU now (false while another
+    /// thread is handing the count over). The caller holds a reference
+    /// (invariant 5).
     pub(super) fn promote(&self) -> bool {
-        // ordering-audit: Relaxed: a hint, as in `count_clone`.
-        self.clones.store(PROMOTED, Ordering::Relaxed);
-        // SAFETY: the block is heap-allocated and never moves while any
-        // handle exists; the engine may keep the ref's address for as long
-        // as the count is above zero, and the block outlives that
-        // (invariant 3).
-        let pref = unsafe { Pin::new_unchecked(&self.pref) };
+        if self.backend() != Backend::Rseq {
+            return false;
+        }
+        loop {
+            let w = self.state.load(Ordering::Acquire);
+            if w & TAGGED != 0 {
+                // SAFETY: tagged; the caller's reference keeps the block.
+                return Self::manage(unsafe { ref_at(w) });
+            }
+            if w & PROMOTING != 0 {
+                // Another handle is handing the count over (not per CPU
+                // yet: no wait for a thread that may be preempted).
+                return false;
+            }
+            if self
+                .state
+                .compare_exchange(w, w | PROMOTING, Ordering::Relaxed, Ordering::Relaxed)
+                .is_ok()
+            {
+                return self.promote_claimed();
+            }
+        }
+    }
+
+    /// Hands the word's count over to a new ref and has the engine manage
+    /// it; called by the thread that set `PROMOTING` (invariant 3), which
+    /// holds a reference. True if the block counts per CPU now.
+    #[inline(never)]
+    fn promote_claimed(&self) -> bool {
+        let backend = self.backend();
+        // mutant shared_never_promoted: the clone count never promotes (a hot
+        // value stays in the word: an `Arc`).
+        if backend != Backend::Rseq || mutated!("shared_never_promoted") {
+            // No per-CPU sections to scan: stay in the word, as an `Arc`.
+            return false;
+        }
+        let callback = release_callback(Erased {
+            ptr: std::ptr::from_ref(self).cast(),
+            func: release::<T>,
+        });
+        let made = PercpuRef::with_backend(callback, InitFlags::INIT_ATOMIC, backend)
+            .unwrap_or_else(|e| panic!("percpu_ref::shared::Shared::promote: {e}"));
+        let r: *mut PercpuRef = Box::into_raw(Box::new(made));
+        // SAFETY: a fresh allocation, never moved until freed with the block.
+        let pref = unsafe { Pin::new_unchecked(&*r) };
+        // The ref's count, 1 as made; nobody else sees it until the swap.
+        let mut held = 1;
+        // ordering-audit: Relaxed: a guess, checked by the swap.
+        let mut w = self.state.load(Ordering::Relaxed);
+        loop {
+            let n = count(w);
+            debug_assert!(n >= 1, "the promoter holds a reference");
+            while held < n {
+                pref.get();
+                held += 1;
+            }
+            while held > n {
+                // Never the last: the promoter's own reference stays.
+                pref.put();
+                held -= 1;
+            }
+            // mutant shared_handoff_by_store: the hand-over stores the address
+            // over whatever the word holds (a clone or drop that got in since
+            // the read is lost: the value is dropped while held, or never).
+            if mutated!("shared_handoff_by_store") {
+                // ordering-audit: kept: only the mutant's store, as the swap.
+                self.state.store(r as usize | TAGGED, Ordering::Release);
+                break;
+            }
+            // Release: publishes the ref. No acquire: the drops counted in
+            // the word before it released their accesses to `T` with their
+            // own compare-and-swaps, and this swap continues their release
+            // sequence, so every acquire load that reads the tagged word
+            // (the promoter's own drop's, at the latest, which the ref's
+            // release follows) synchronises with them.
+            match self.state.compare_exchange(
+                w,
+                r as usize | TAGGED,
+                Ordering::Release,
+                Ordering::Relaxed,
+            ) {
+                Ok(_) => break,
+                Err(now) => w = now,
+            }
+        }
+        Self::manage(pref.get_ref())
+    }
+
+    /// Has the engine manage the (handed-over) ref; true if it counts per
+    /// CPU now.
+    fn manage(r: &PercpuRef) -> bool {
+        // SAFETY: the ref is boxed and never moves until the block is freed;
+        // the engine may keep its address for as long as the count is above
+        // zero, and the block outlives that (invariant 4).
+        let pref = unsafe { Pin::new_unchecked(r) };
         if pref.promote_to_managed() {
             // Back-pressure: values made and promoted faster than the engine
             // completes their scans wait here rather than pile up.
             crate::percpu_ref::wait_for_backlog();
         }
-        self.pref.is_managed() || self.pref.is_percpu()
+        r.is_managed() || r.is_percpu()
     }
 }
 
-/// The ref of the block at `p`, without a reference to `T` (which may be
-/// being dropped).
+/// A handle's drop: on the ref once promoted, else one compare-and-swap on
+/// the word, and the last drops `T` here.
 ///
 /// # Safety
 ///
-/// The block at `p` is allocated for `'a` (a unit or a reference).
+/// The caller holds one reference on `p` and gives it up.
 #[inline(always)]
-pub(super) unsafe fn pref<'a, T>(p: *const Block<T>) -> &'a PercpuRef {
-    // SAFETY: the caller's promise; only the field is borrowed.
-    unsafe { &*std::ptr::addr_of!((*p).pref) }
+pub(super) unsafe fn put_ref<T>(p: NonNull<Block<T>>) {
+    // Only the word is borrowed across the count: once it is given up,
+    // another thread may free the block.
+    // SAFETY: our reference keeps the block allocated until the put.
+    let state = unsafe { &(*p.as_ptr()).state };
+    // ordering-audit: kept: Acquire, as `get`'s first load (the ref's
+    // publication), and the acquire that a drop after a hand-over needs
+    // (see the swap in `promote_claimed`).
+    let mut w = state.load(Ordering::Acquire);
+    loop {
+        if w & TAGGED != 0 {
+            // SAFETY: tagged; our reference keeps the ref until the put.
+            return unsafe { put_on_ref((w & !TAGGED) as *const PercpuRef) };
+        }
+        debug_assert!(count(w) >= 1, "a Shared's drop with the count at zero");
+        // ordering-audit: kept: AcqRel: release our accesses to `T`, and the
+        // last drop acquires everyone's (as `Arc::drop`'s release and
+        // fence). The models cannot show the acquire: the load before this
+        // one acquires the value it replaces whenever it is the value that
+        // load read, and only an upgrade and a drop in between that restore
+        // it (three more steps) make them differ.
+        match state.compare_exchange(w, w - ONE, Ordering::AcqRel, Ordering::Relaxed) {
+            Ok(_) => {
+                if count(w) == 1 {
+                    // SAFETY: ours was the last reference (invariant 2).
+                    unsafe { release_in_word(p) };
+                }
+                return;
+            }
+            // ordering-audit: kept: Acquire, as the first load (a failure
+            // is contention: the load is cheap beside it).
+            Err(_) => w = state.load(Ordering::Acquire),
+        }
+    }
 }
 
-/// `release` for a `Block<T>`: drops `T` and owes the percpu count's
-/// allocation unit (also while unwinding from a panic in `T`'s `Drop`).
+/// A put on the ref: per CPU where the section counts it, else the slow
+/// path, which may release.
 ///
 /// # Safety
 ///
-/// `ptr` is a live `Block<T>` whose percpu count just reached zero.
+/// `pref` is the block's ref and the caller gives up a reference on it.
+#[inline(never)]
+unsafe fn put_on_ref(pref: *const PercpuRef) {
+    // SAFETY: our reference keeps the ref alive until the put gives it up;
+    // the raw put holds no borrow of it past that point. The per-CPU path
+    // runs no `release`, so only the slow one settles.
+    if !unsafe { PercpuRef::try_put_percpu_raw(pref, 1) } {
+        // SAFETY: as above.
+        unsafe { put_slow(pref) }
+    }
+}
+
+/// A put that its section did not count, then a unit its release owed.
+///
+/// # Safety
+///
+/// As `PercpuRef::put_promotable`.
+#[inline(never)]
+unsafe fn put_slow(pref: *const PercpuRef) {
+    let _settle = settle_guard();
+    // SAFETY: forwarded.
+    unsafe { PercpuRef::put_promotable(pref) }
+}
+
+/// The word's count reached zero: drops `T` on this thread, then the strong
+/// count's allocation unit (also while unwinding from a panic in `T`'s
+/// `Drop`). No `PercpuRef` call is running on the block.
+///
+/// # Safety
+///
+/// `p` is live and the caller's drop took its count to zero.
+#[inline(never)]
+unsafe fn release_in_word<T>(p: NonNull<Block<T>>) {
+    let p = p.as_ptr();
+    let _unit = OnDrop(move || {
+        // SAFETY: the strong count's unit, given up after `T` is gone.
+        unsafe { drop_unit::<T>(p.cast_const().cast()) }
+    });
+    // SAFETY: the count is zero, once (invariant 2): `T` is alive and no
+    // handle remains that could read it. `p` has the block's own provenance
+    // (`alloc`'s `Box::into_raw`), writable.
+    unsafe { ManuallyDrop::drop(&mut *std::ptr::addr_of_mut!((*p).value)) }
+}
+
+/// The ref's `release` for a `Block<T>` (promoted): drops `T` and owes the
+/// strong count's allocation unit (also while unwinding from a panic in
+/// `T`'s `Drop`).
+///
+/// # Safety
+///
+/// `ptr` is a live, promoted `Block<T>` whose ref's count just reached zero.
 unsafe fn release<T>(ptr: *const ()) {
     let p = ptr.cast::<Block<T>>().cast_mut();
-    // SAFETY: the count's unit keeps the block alive until it is paid.
-    let pref = unsafe { pref(p) };
+    // SAFETY: the count's unit keeps the block alive until it is paid;
+    // only the word is borrowed.
+    let w = unsafe { &(*p).state }.load(Ordering::Relaxed);
+    // SAFETY: a release of the ref: the word holds its address (the ref
+    // was made by the thread that stored it, which this one follows).
+    let pref = unsafe { ref_at(w) };
     if pref.completing_on_engine() {
         // A promoted value: the engine pays once it no longer touches the
         // ref (it may free the block).
@@ -174,7 +537,8 @@ unsafe fn release<T>(ptr: *const ()) {
     unsafe { ManuallyDrop::drop(&mut *std::ptr::addr_of_mut!((*p).value)) }
 }
 
-/// Drops one allocation unit of a `Block<T>`; the last one frees it.
+/// Drops one allocation unit of a `Block<T>`; the last one frees it (and
+/// its ref).
 ///
 /// # Safety
 ///
@@ -195,17 +559,27 @@ pub(super) unsafe fn drop_unit<T>(ptr: *const ()) {
     // mutant shared_unit_put_release_only: the freeing thread acquires
     // nothing (the free may overtake another unit holder's last access).
     #[cfg(not(percpu_ref_mutant = "shared_unit_put_release_only"))]
-    let order = Ordering::AcqRel;
+    let (order, sole) = (Ordering::AcqRel, Ordering::Acquire);
     #[cfg(percpu_ref_mutant = "shared_unit_put_release_only")]
-    let order = Ordering::Release;
-    // SAFETY: the caller's unit keeps the block alive for this access.
-    // AcqRel: the last one must see every access made under other units.
-    if unsafe { (*p).units.fetch_sub(1, order) } == 1 {
+    let (order, sole) = (Ordering::Release, Ordering::Relaxed);
+    // SAFETY: the caller's unit keeps the block alive for these accesses.
+    let units = unsafe { &(*p).units };
+    // The sole unit (no `Weak`, the usual case) needs no write: nobody can
+    // make another without holding one or a `Shared`. Acquire / AcqRel: the
+    // last one must see every access made under other units.
+    if units.load(sole) == 1 || units.fetch_sub(1, order) == 1 {
         // SAFETY: that was the last unit: nobody else can reach the block.
         #[cfg(percpu_ref_loom)]
         unsafe { &(*p).freed }.with_mut(|_| ());
-        // SAFETY: that was the last unit: nobody else can reach the block,
-        // and `T` is gone (invariant 3), which `ManuallyDrop` leaves alone.
+        // SAFETY: that was the last unit: nobody else can reach the block.
+        let w = unsafe { &(*p).state }.load(Ordering::Relaxed);
+        if w & TAGGED != 0 {
+            // SAFETY: the ref was boxed by the hand-over, and nothing
+            // touches it any more (invariant 4).
+            drop(unsafe { Box::from_raw((w & !TAGGED) as *mut PercpuRef) });
+        }
+        // SAFETY: as above; `T` is gone (invariant 4), which `ManuallyDrop`
+        // leaves alone.
         drop(unsafe { Box::from_raw(p) });
         // ordering-audit: Relaxed: a count that models read after joining
         // every thread.
@@ -214,44 +588,34 @@ pub(super) unsafe fn drop_unit<T>(ptr: *const ()) {
     }
 }
 
-/// Allocates the block for `value`, in atomic mode on `backend`, with one
-/// reference (the first `Shared`'s) and the count's unit.
-///
-/// # Panics
-///
-/// When `backend` is not available (only loom models choose one).
-pub(super) fn alloc<T: Send + 'static>(value: T, backend: Backend) -> NonNull<Block<T>> {
-    let slot = Box::into_raw(Box::new(MaybeUninit::<Block<T>>::uninit())).cast::<Block<T>>();
-    let callback = release_callback(Erased {
-        ptr: slot.cast_const().cast(),
-        func: release::<T>,
+/// Allocates the block for `value`, with one reference (the first
+/// `Shared`'s) and the count's unit: `Arc::new`'s work.
+pub(super) fn alloc<T: Send + 'static>(
+    value: T,
+    #[cfg(percpu_ref_loom)] backend: Backend,
+) -> NonNull<Block<T>> {
+    let b = Box::new(Block {
+        state: AtomicUsize::new(ONE),
+        units: AtomicUsize::new(1),
+        value: ManuallyDrop::new(value),
+        #[cfg(percpu_ref_loom)]
+        backend,
+        #[cfg(percpu_ref_loom)]
+        freed: crate::sync::UnsafeCell::new(()),
     });
-    let pref = PercpuRef::with_backend(callback, InitFlags::INIT_ATOMIC, backend)
-        .unwrap_or_else(|e| panic!("percpu_ref::shared::Shared::new: {e}"));
-    // SAFETY: `slot` is a fresh, suitably aligned allocation for `Block<T>`.
-    unsafe {
-        slot.write(Block {
-            pref,
-            units: AtomicUsize::new(1),
-            clones: AtomicU32::new(0),
-            value: ManuallyDrop::new(value),
-            #[cfg(percpu_ref_loom)]
-            freed: crate::sync::UnsafeCell::new(()),
-        });
-    }
     // ordering-audit: Relaxed: a count that models read after joining every
     // thread.
     #[cfg(percpu_ref_loom)]
     crate::owned::block::loom_live_blocks().fetch_add(1, Ordering::Relaxed);
     // SAFETY: `Box::into_raw` never returns null.
-    unsafe { NonNull::new_unchecked(slot) }
+    unsafe { NonNull::new_unchecked(Box::into_raw(b)) }
 }
 
 /// The block behind a handle.
 ///
 /// # Safety
 ///
-/// The caller's handle holds an allocation unit or a percpu reference.
+/// The caller's handle holds an allocation unit or a reference.
 #[inline(always)]
 pub(super) unsafe fn block<'a, T>(p: NonNull<Block<T>>) -> &'a Block<T> {
     // SAFETY: forwarded to the caller.
@@ -281,34 +645,4 @@ pub(super) unsafe fn block_of<T>(ptr: *const T) -> NonNull<Block<T>> {
     // SAFETY: `ptr` points `offset` bytes into an allocated block (the
     // caller's promise), so stepping back stays inside it, never null.
     unsafe { NonNull::new_unchecked(ptr.byte_sub(offset).cast_mut().cast()) }
-}
-
-/// Puts one reference, then pays a unit its release left owed.
-///
-/// # Safety
-///
-/// The caller holds one reference on `p` and gives it up.
-#[inline(always)]
-pub(super) unsafe fn put_ref<T>(p: NonNull<Block<T>>) {
-    // SAFETY: the block is allocated (our reference); no reference is made.
-    let pref = unsafe { std::ptr::addr_of!((*p.as_ptr()).pref) };
-    // SAFETY: our reference keeps the block alive until the put gives it
-    // up; the raw put holds no borrow of the block past that point. The
-    // per-CPU path runs no `release`, so only the slow one settles.
-    if !unsafe { PercpuRef::try_put_percpu_raw(pref, 1) } {
-        // SAFETY: as above.
-        unsafe { put_slow(pref) }
-    }
-}
-
-/// A put that its section did not count, then a unit its release owed.
-///
-/// # Safety
-///
-/// As `PercpuRef::put_promotable`.
-#[inline(never)]
-unsafe fn put_slow(pref: *const PercpuRef) {
-    let _settle = settle_guard();
-    // SAFETY: forwarded.
-    unsafe { PercpuRef::put_promotable(pref) }
 }

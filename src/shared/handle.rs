@@ -78,7 +78,11 @@ impl<T: Send + 'static> Shared<T> {
     /// ```
     #[must_use]
     pub fn new(value: T) -> Self {
-        Shared::from_block(alloc(value, crate::backend()))
+        Shared::from_block(alloc(
+            value,
+            #[cfg(percpu_ref_loom)]
+            crate::backend(),
+        ))
     }
 
     /// [`Shared::new`] on a chosen backend, for loom models (where the
@@ -141,7 +145,10 @@ impl<T> Shared<T> {
     /// instead of after [`PROMOTE_AFTER`](super::PROMOTE_AFTER) clones; for
     /// a value known to be hot. True if the value counts per CPU now;
     /// false where it cannot (the sharded backend, which has no per-CPU
-    /// sections to scan: the value stays in atomic mode, as an `Arc`).
+    /// sections to scan: the value stays in atomic mode, as an `Arc`), and
+    /// while another thread is promoting it (a clone that reached the
+    /// threshold, or another `promote`), which this call does not wait
+    /// for.
     ///
     /// # Examples
     ///
@@ -165,8 +172,9 @@ impl<T> Shared<T> {
     /// Whether the value counts per CPU (promoted), a snapshot.
     #[must_use]
     pub fn is_percpu(this: &Self) -> bool {
-        let r = &this.block().pref;
-        r.is_managed() || r.is_percpu()
+        this.block()
+            .promoted_ref()
+            .is_some_and(|r| r.is_managed() || r.is_percpu())
     }
 
     /// The address of `T`, valid for reads while a handle keeps it alive;
@@ -229,9 +237,7 @@ impl<T> Clone for Shared<T> {
     /// counts it: `shared`).
     #[inline(always)]
     fn clone(&self) -> Self {
-        let b = self.block();
-        b.pref.get();
-        b.count_clone();
+        self.block().get();
         Shared::from_block(self.ptr)
     }
 }

@@ -1,8 +1,7 @@
 //! [`Weak`], the handle that keeps the allocation but not `T`.
 
-use super::block::{block, drop_unit, pref, value_ptr, Block};
+use super::block::{drop_unit, value_ptr, Block};
 use super::Shared;
-use crate::owned::block::settle_guard;
 use crate::sync::Ordering;
 use std::fmt;
 use std::marker::PhantomData;
@@ -88,16 +87,8 @@ impl<T> Weak<T> {
     #[must_use = "a Shared that is dropped at once is a get and a put for nothing"]
     pub fn upgrade(&self) -> Option<Shared<T>> {
         let p = self.ptr?;
-        // Settles a unit in case a failed tryget's give-back ran `release`
-        // (it cannot here: nothing revives a `Shared`'s count at zero; the
-        // guard costs one thread-local load).
-        let _settle = settle_guard();
-        // SAFETY: our allocation unit keeps the block allocated; only the
-        // ref is borrowed until the tryget succeeds (`T` may be being
-        // dropped on another thread).
-        if unsafe { pref(p.as_ptr()) }.tryget() {
-            // SAFETY: the reference just taken keeps `T` alive.
-            unsafe { block(p) }.count_clone();
+        // SAFETY: our allocation unit keeps the block allocated.
+        if unsafe { Block::tryget(p) } {
             Some(Shared::from_block(p))
         } else {
             None

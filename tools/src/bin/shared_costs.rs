@@ -6,7 +6,9 @@
 //!
 //! - **release delay**: a promoted value's last drop, on an otherwise idle
 //!   process, to its `Drop` on the engine thread, with nothing calling
-//!   `flush`: `--delays` values one at a time; median, p99 and largest.
+//!   `flush`: `--delays` values one at a time; median, p99 and largest;
+//!   one row per engine batch delay in `--batch-delay-us`
+//!   (`percpu_ref::set_batch_delay`; the default, 1000, alone).
 //! - **idle values**: `--values` promoted values, each cloned and dropped
 //!   (so each was scanned once), then left alone: the process's CPU time
 //!   over `--idle-ms` of sleep, as a share of one core.
@@ -21,6 +23,11 @@
 //!   to find for each): the hot thread's rate with the storm over its rate
 //!   alone, and how many of the storm's values at most awaited their drop
 //!   (made and dropped, not yet dropped by the engine).
+//!
+//! - **memory**: anonymous RSS growth per idle value over `--memory`
+//!   values: `Arc<u64>`, an unpromoted `Shared<u64>`, and promoted ones
+//!   cloned and dropped on 1 and on every allowed CPU, beside the bound
+//!   `Arc`'s + 64 + 8 per CPU.
 //!
 //! **Limits.** Values are promoted only on the rseq backend; elsewhere the
 //! rows measure the atomic phase. Times are as noisy as the machine; on a
@@ -56,6 +63,12 @@ struct Args {
           value_parser = RangedU64ValueParser::<usize>::new().range(1..=100_000))]
     delays: usize,
 
+    /// The engine's batch delays to measure the release delay at
+    /// (`percpu_ref::set_batch_delay`), in microseconds, comma-separated
+    #[arg(long, value_name = "US,..", value_delimiter = ',', default_value = "1000",
+          value_parser = RangedU64ValueParser::<u64>::new().range(0..=1_000_000))]
+    batch_delay_us: Vec<u64>,
+
     /// Idle promoted values
     #[arg(long, value_name = "N", default_value_t = 100_000,
           value_parser = RangedU64ValueParser::<usize>::new().range(1..=10_000_000))]
@@ -85,6 +98,11 @@ struct Args {
     #[arg(long, value_name = "N", default_value_t = 3,
           value_parser = RangedU64ValueParser::<usize>::new().range(1..=100))]
     reps: usize,
+
+    /// Values per memory row (0: no memory rows)
+    #[arg(long, value_name = "N", default_value_t = 200_000,
+          value_parser = RangedU64ValueParser::<usize>::new().range(0..=10_000_000))]
+    memory: usize,
 
     /// Counts only, no times (for emulated guests)
     #[arg(long)]
@@ -165,6 +183,66 @@ fn idle_cost(n: usize, idle: Duration) -> Option<f64> {
     assert_eq!(drops.load(SeqCst), n, "not every value dropped");
     c0.zip(c1)
         .map(|(c0, c1)| (c1 - c0).as_secs_f64() / idle.as_secs_f64())
+}
+
+/// Anonymous resident memory in bytes (`RssAnon` of /proc/self/status).
+fn anon_rss() -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with("RssAnon:"))?;
+    let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kb * 1024)
+}
+
+/// Gives freed heap memory back to the system (glibc keeps it otherwise,
+/// and the next row would reuse it without growing the RSS).
+fn trim_heap() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: no preconditions; it only returns free memory.
+    unsafe {
+        libc::malloc_trim(0);
+    }
+}
+
+/// Bytes per value that `make` adds to the anonymous RSS, `n` values kept
+/// alive until the reading (then dropped and flushed). `None` without
+/// /proc.
+fn bytes_per_value<V>(n: usize, make: impl Fn() -> V, then: impl Fn(&[V])) -> Option<f64> {
+    let mut v: Vec<V> = Vec::with_capacity(n);
+    // Fault the `Vec` in first: its pages are not the values' cost.
+    // SAFETY: writes bytes into the spare capacity, which is allocated.
+    unsafe {
+        v.as_mut_ptr()
+            .cast::<u8>()
+            .write_bytes(1, n * std::mem::size_of::<V>())
+    };
+    flush();
+    trim_heap();
+    let before = anon_rss()?;
+    for _ in 0..n {
+        v.push(make());
+    }
+    then(&v);
+    flush();
+    let after = anon_rss()?;
+    drop(v);
+    flush();
+    trim_heap();
+    Some(after.saturating_sub(before) as f64 / n as f64)
+}
+
+/// Clones and drops every value on each of `cpus` (a thread pinned to
+/// each), so that each value is counted on by that many CPUs.
+fn use_on(values: &[Shared<u64>], cpus: &[usize]) {
+    std::thread::scope(|sc| {
+        for &cpu in cpus {
+            sc.spawn(move || {
+                let _ = affinity::pin_to(cpu);
+                for s in values {
+                    drop(black_box(s.clone()));
+                }
+            });
+        }
+    });
 }
 
 /// `n` times `Shared::new` + clone + drop both, then a flush: values per
@@ -250,6 +328,46 @@ fn hot_rate(cpus: &[usize], d: Duration, storm: Option<u64>) -> (f64, usize) {
     (rate, most_pending)
 }
 
+/// The memory rows: bytes per idle value against `Arc<u64>` and the
+/// issue's bound (`Arc`'s + 64 + 8 per CPU that used it).
+fn memory_rows(n: usize, cpus: &[usize]) {
+    let Some(arc) = bytes_per_value(n, || Arc::new(0u64), |_| {}) else {
+        println!("\nmemory: n/a (no /proc/self/status here)");
+        return;
+    };
+    let plain = bytes_per_value(n, || Shared::new(0u64), |_| {});
+    let promoted = |k: usize| {
+        bytes_per_value(
+            n,
+            || {
+                let s = Shared::new(0u64);
+                Shared::promote(&s);
+                s
+            },
+            |v| use_on(v, &cpus[..k]),
+        )
+    };
+    println!();
+    println!("| memory per idle value, {n} values, anonymous RSS | bytes | bound: `Arc` + 64 + 8 x CPUs |");
+    println!("|---|--:|--:|");
+    println!("| `Arc<u64>` | {arc:.1} | |");
+    let row = |what: String, b: Option<f64>, cpus_used: usize| {
+        let bound = arc + 64.0 + 8.0 * cpus_used as f64;
+        let b = b.map_or("n/a".into(), |b| format!("{b:.1}"));
+        println!("| {what} | {b} | {bound:.0} |");
+    };
+    row("`Shared<u64>`, never cloned (atomic)".into(), plain, 0);
+    let mut ks = vec![1, cpus.len()];
+    ks.dedup();
+    for k in ks {
+        row(
+            format!("`Shared<u64>`, promoted, used on {k} CPU(s)"),
+            promoted(k),
+            k,
+        );
+    }
+}
+
 fn main() {
     let a = Args::parse();
     let cpus = affinity::allowed_cpus();
@@ -260,29 +378,37 @@ fn main() {
         a.reps
     );
 
-    let (mut p50, mut p99, mut max) = (vec![], vec![], vec![]);
-    for _ in 0..a.reps {
-        let mut d = release_delays(a.delays);
-        p50.push(median(&mut d));
-        p99.push(percentile(&mut d, 99.0));
-        max.push(percentile(&mut d, 100.0));
+    let mut rows = vec![];
+    for &us in &a.batch_delay_us {
+        percpu_ref::set_batch_delay(Duration::from_micros(us));
+        let (mut p50, mut p99, mut max) = (vec![], vec![], vec![]);
+        for _ in 0..a.reps {
+            let mut d = release_delays(a.delays);
+            p50.push(median(&mut d));
+            p99.push(percentile(&mut d, 99.0));
+            max.push(percentile(&mut d, 100.0));
+        }
+        rows.push((us, median(&mut p50), median(&mut p99), median(&mut max)));
     }
+    percpu_ref::set_batch_delay(percpu_ref::DEFAULT_BATCH_DELAY);
     println!();
     if a.counts_only {
         println!(
-            "release: {} values x {} reps, every one dropped once",
-            a.delays, a.reps
+            "release: {} values x {} reps x {} batch delays, every one dropped once",
+            a.delays,
+            a.reps,
+            rows.len()
         );
     } else {
-        println!("| release delay, idle process (ms) | median | p99 | max |");
-        println!("|---|--:|--:|--:|");
-        println!(
-            "| last drop of a promoted value to its `Drop`, {} values a rep | {:.2} | {:.2} | {:.2} |",
-            a.delays,
-            median(&mut p50),
-            median(&mut p99),
-            median(&mut max)
-        );
+        println!("| release delay, idle process (ms), {} values a rep | batch delay (us) | median | p99 | max |", a.delays);
+        println!("|---|--:|--:|--:|--:|");
+        for (us, p50, p99, max) in rows {
+            println!("| last drop of a promoted value to its `Drop` | {us} | {p50:.2} | {p99:.2} | {max:.2} |");
+        }
+    }
+
+    if a.memory > 0 {
+        memory_rows(a.memory, &cpus);
     }
 
     let mut share = vec![];
