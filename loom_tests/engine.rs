@@ -592,6 +592,35 @@ fn shared_second_promotion_vs_scan(backend: Backend) {
     shared_done(&drops);
 }
 
+/// A clone and a `Weak::upgrade` in the block's word racing the hand-over
+/// of the word's count to the ref (the promoting thread's compare-and-swap)
+/// and the engine: each lands in the word before the swap (and is handed
+/// over) or on the ref after it, never both or neither (invariant 3 of
+/// `shared::block`); the value is dropped once, after every handle.
+fn shared_clone_and_upgrade_vs_handoff(backend: Backend) {
+    let drops = Arc::new(AtomicUsize::new(0));
+    let v = percpu_ref::loom_support::shared_on(Canary::new(&drops), backend);
+    let w = Shared::downgrade(&v);
+    let a = v.clone();
+    let t = thread::spawn(move || {
+        Shared::promote(&a);
+        a.read();
+        drop(a);
+    });
+    let engine = spawn_engine();
+    let c = v.clone();
+    drop(v);
+    let u = w.upgrade().expect("a handle is held");
+    drop(w);
+    c.read();
+    drop(c);
+    u.read();
+    drop(u);
+    t.join().unwrap();
+    engine.join().unwrap();
+    shared_done(&drops);
+}
+
 /// A clone from a `Shared` and its drop on another thread, racing the last
 /// other handle's drop while the engine scans the promoted value.
 fn shared_clone_vs_scan(backend: Backend) {
@@ -677,5 +706,6 @@ models! {
     shared_clone_vs_scan: preemptions 2, backends [sharded, rseq_model];
     shared_upgrade_vs_last_drop: preemptions 2, backends [sharded, rseq_model];
     shared_second_promotion_vs_scan: preemptions 2, backends [rseq_model];
+    shared_clone_and_upgrade_vs_handoff: preemptions 2, backends [sharded, rseq_model];
     owned_tryget_vs_last_put_after_kill: preemptions 2, backends [sharded];
 }

@@ -57,9 +57,11 @@ fn stress_promoted_in_use_dropped_once() {
         let value = Shared::new(Canary::new(&drops));
         let weak = Shared::downgrade(&value);
         let start = Arc::new(Barrier::new(THREADS));
+        let done = Arc::new(Barrier::new(THREADS));
         let workers: Vec<_> = (0..THREADS)
             .map(|t| {
                 let (mine, weak, start) = (value.clone(), weak.clone(), start.clone());
+                let done = done.clone();
                 thread::spawn(move || {
                     start.wait();
                     for i in 0..ops {
@@ -76,7 +78,11 @@ fn stress_promoted_in_use_dropped_once() {
                         }
                     }
                     mine.check();
-                    // Promoted by the stream's clones (where the backend can).
+                    // Promoted by the stream's clones (where the backend can),
+                    // once every worker's clones have returned: the clone that
+                    // crossed the threshold promotes before it returns, and it
+                    // may be another thread's, preempted.
+                    done.wait();
                     assert!(
                         Shared::is_percpu(&mine) || percpu_ref::backend() != Backend::Rseq,
                         "a value cloned {ops} times on {THREADS} threads was not promoted"

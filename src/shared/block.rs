@@ -39,11 +39,14 @@
 //! The clone that brings the clones to [`PROMOTE_AFTER`] sets `PROMOTING`
 //! in the same compare-and-swap (an explicit [`Shared::promote`] sets it
 //! alone), and that thread alone **hands the count over**: it makes a
-//! `PercpuRef` in atomic mode holding the count it read, and swaps the
-//! word for the ref's address, tagged; a swap that fails (a clone or drop
-//! got in) adjusts the ref's count to the word's and tries again. Until
-//! the swap, the others keep counting in the word (count only: the
-//! clones no longer matter); after it, everybody counts on the ref. Then
+//! `PercpuRef` in atomic mode holding a provisional count larger than the
+//! word can hold, swaps the word for the ref's address, tagged (one swap:
+//! a compare-and-swap loop could be starved by the other handles), and
+//! then puts the provisional count less the count the swap returned. No
+//! put in between can take the ref to zero: each gives up a reference
+//! that the word counted or that a get on the ref added. Until the swap,
+//! the others keep counting in the word (count only: the clones no longer
+//! matter); after it, everybody counts on the ref. Then
 //! the promoter switches the ref to percpu mode under the engine's
 //! management (`PercpuRef::promote_to_managed`, one hold of the switch
 //! lock, no grace period), racing drops that meet the ref while it is
@@ -105,6 +108,9 @@ const CLONE: usize = ONE + CLONE_ONE;
 /// The most references the word counts (2^56 - 1 on 64-bit targets); only
 /// reachable with `PROMOTING` set on a backend that never hands over.
 const MAX_COUNT: usize = usize::MAX / ONE;
+/// The hand-over's provisional count on the new ref: more than the word
+/// can hold (2^56 on 64-bit targets, within the ref's 2^62 - 1).
+const PROVISIONAL: usize = MAX_COUNT + 1;
 
 const _: () = assert!(PROMOTE_AFTER.is_power_of_two() && PROMOTING < ONE && PROMOTING > CLONE_ONE);
 // The tag needs the ref's address to be even (it is aligned to 64 bytes).
@@ -354,46 +360,38 @@ impl<T> Block<T> {
         let r: *mut PercpuRef = Box::into_raw(Box::new(made));
         // SAFETY: a fresh allocation, never moved until freed with the block.
         let pref = unsafe { Pin::new_unchecked(&*r) };
-        // The ref's count, 1 as made; nobody else sees it until the swap.
-        let mut held = 1;
-        // ordering-audit: Relaxed: a guess, checked by the swap.
-        let mut w = self.state.load(Ordering::Relaxed);
-        loop {
-            let n = count(w);
-            debug_assert!(n >= 1, "the promoter holds a reference");
-            while held < n {
-                pref.get();
-                held += 1;
-            }
-            while held > n {
-                // Never the last: the promoter's own reference stays.
-                pref.put();
-                held -= 1;
-            }
-            // mutant shared_handoff_by_store: the hand-over stores the address
-            // over whatever the word holds (a clone or drop that got in since
-            // the read is lost: the value is dropped while held, or never).
-            if mutated!("shared_handoff_by_store") {
-                // ordering-audit: kept: only the mutant's store, as the swap.
-                self.state.store(r as usize | TAGGED, Ordering::Release);
-                break;
-            }
-            // Release: publishes the ref. No acquire: the drops counted in
-            // the word before it released their accesses to `T` with their
-            // own compare-and-swaps, and this swap continues their release
-            // sequence, so every acquire load that reads the tagged word
-            // (the promoter's own drop's, at the latest, which the ref's
-            // release follows) synchronises with them.
-            match self.state.compare_exchange(
-                w,
-                r as usize | TAGGED,
-                Ordering::Release,
-                Ordering::Relaxed,
-            ) {
-                Ok(_) => break,
-                Err(now) => w = now,
-            }
-        }
+        // A provisional count above anything the word can hold, so that no
+        // put between the swap and the adjustment below can take the ref to
+        // zero (each of them gives up a reference the word counted or a get
+        // on the ref added); nobody else sees the ref until the swap.
+        pref.get_many(PROVISIONAL);
+        let tagged = r as usize | TAGGED;
+        // mutant shared_handoff_by_store: the hand-over reads the word and
+        // then stores the address over whatever it holds (a clone or drop
+        // that got in between is lost: the value is dropped while held, or
+        // never).
+        let w = if mutated!("shared_handoff_by_store") {
+            // ordering-audit: Relaxed: only the mutant's read.
+            let w = self.state.load(Ordering::Relaxed);
+            // ordering-audit: kept: only the mutant's store, as the swap.
+            self.state.store(tagged, Ordering::Release);
+            w
+        } else {
+            // One swap, not a compare-and-swap loop, which the other
+            // handles' clones and drops in the word could starve (seen in an
+            // emulated guest). Release: publishes the ref. No acquire: the
+            // drops counted in the word before it released their accesses to
+            // `T` with their own compare-and-swaps, and this swap continues
+            // their release sequence, so every acquire load that reads the
+            // tagged word (the promoter's own drop's, at the latest, which
+            // the ref's release follows) synchronises with them.
+            self.state.swap(tagged, Ordering::Release)
+        };
+        let n = count(w);
+        debug_assert!(n >= 1 && w & TAGGED == 0, "the promoter holds a reference");
+        // From 1 + PROVISIONAL (and whatever came since) to the word's
+        // count: never zero, the promoter's own reference stays.
+        pref.put_many(1 + PROVISIONAL - n);
         Self::manage(pref.get_ref())
     }
 
