@@ -335,6 +335,13 @@ fn memory_rows(n: usize, cpus: &[usize]) {
         println!("\nmemory: n/a (no /proc/self/status here)");
         return;
     };
+    // Each CPU's first use has one-time costs that are not per value (its
+    // thread's stack, which glibc caches for the threads below, the
+    // thread's registration and arena slot chunk): paid before any reading.
+    let warm = Shared::new(0u64);
+    Shared::promote(&warm);
+    use_on(std::slice::from_ref(&warm), cpus);
+    drop(warm);
     let plain = bytes_per_value(n, || Shared::new(0u64), |_| {});
     let promoted = |k: usize| {
         bytes_per_value(
