@@ -549,19 +549,23 @@ fn shared_done(drops: &AtomicUsize) {
     assert_eq!(percpu_ref::loom_support::live_blocks(), 0, "a block leaked");
 }
 
+/// A thread that promotes the value through `a`, reads it and drops `a`.
+fn spawn_promoter(a: Shared<Canary>) -> thread::JoinHandle<()> {
+    thread::spawn(move || {
+        Shared::promote(&a);
+        a.read();
+        drop(a);
+    })
+}
+
 /// A value promoted by one handle's thread while the other handle, the
 /// last but one, is dropped and the engine runs: dropped once, after both
-/// handles, whichever of promotion and drops comes first (invariant 4 of
+/// handles, whichever of promotion and drops comes first (invariant 5 of
 /// `shared::block`: the promoting handle keeps the count above zero).
 fn shared_promotion_vs_last_drop(backend: Backend) {
     let drops = Arc::new(AtomicUsize::new(0));
     let v = percpu_ref::loom_support::shared_on(Canary::new(&drops), backend);
-    let a = v.clone();
-    let t = thread::spawn(move || {
-        Shared::promote(&a);
-        a.read();
-        drop(a);
-    });
+    let t = spawn_promoter(v.clone());
     let engine = spawn_engine();
     v.read();
     drop(v);
@@ -578,12 +582,7 @@ fn shared_promotion_vs_last_drop(backend: Backend) {
 fn shared_second_promotion_vs_scan(backend: Backend) {
     let drops = Arc::new(AtomicUsize::new(0));
     let v = percpu_ref::loom_support::shared_on(Canary::new(&drops), backend);
-    let a = v.clone();
-    let t = thread::spawn(move || {
-        Shared::promote(&a);
-        a.read();
-        drop(a);
-    });
+    let t = spawn_promoter(v.clone());
     let engine = spawn_engine();
     Shared::promote(&v);
     drop(v);
@@ -593,7 +592,7 @@ fn shared_second_promotion_vs_scan(backend: Backend) {
 }
 
 /// A clone and a `Weak::upgrade` in the block's word racing the hand-over
-/// of the word's count to the ref (the promoting thread's compare-and-swap)
+/// of the word's count to the ref (the promoting thread's swap)
 /// and the engine: each lands in the word before the swap (and is handed
 /// over) or on the ref after it, never both or neither (invariant 3 of
 /// `shared::block`); the value is dropped once, after every handle.
@@ -601,12 +600,7 @@ fn shared_clone_and_upgrade_vs_handoff(backend: Backend) {
     let drops = Arc::new(AtomicUsize::new(0));
     let v = percpu_ref::loom_support::shared_on(Canary::new(&drops), backend);
     let w = Shared::downgrade(&v);
-    let a = v.clone();
-    let t = thread::spawn(move || {
-        Shared::promote(&a);
-        a.read();
-        drop(a);
-    });
+    let t = spawn_promoter(v.clone());
     let engine = spawn_engine();
     let c = v.clone();
     drop(v);
