@@ -563,10 +563,21 @@ impl AtomicCount {
                     })
                 }
             };
-            // AcqRel: Release as `put`'s, Acquire for the put that releases,
-            // as `elect_release`.
             match self
                 .value
+                // ordering-audit: kept: AcqRel: Release as `put`'s (a put's
+                // accesses reach the engine's election through the
+                // promotion's bias, a read-modify-write that continues this
+                // release sequence), Acquire for the put that releases, as
+                // `elect_release`. Since the hand-over to the ref is one swap
+                // (issue 36), a put meets the ref in atomic mode only between
+                // the swap and `promote_to_managed`, where the promoter holds
+                // a reference: it is never the last there (a ref left atomic
+                // by a promoter that panicked in between is), and the models,
+                // bounded at two preemptions, do not reach the engine's
+                // election after it unsynchronised. Weakened, the audit of
+                // the last session's models (drops in atomic mode on every
+                // unpromoted value) caught both.
                 .compare_exchange_weak(cur, new, Ordering::AcqRel, Ordering::Relaxed)
             {
                 Ok(_) if new == RELEASED => return Some(PutOutcome::ReachedZero),
