@@ -106,6 +106,42 @@ use std::mem::MaybeUninit;
 
 type ReleaseFn = Box<dyn Fn(&PercpuRef) + Send + Sync + 'static>;
 
+/// A type-erased function with the pointer it runs on: the release of a ref
+/// made by the owned layers ([`PercpuRef::with_erased_release`]), and a
+/// unit they owe (`owned::block`).
+#[derive(Clone, Copy)]
+pub(crate) struct Erased {
+    pub(crate) ptr: *const (),
+    pub(crate) func: unsafe fn(*const ()),
+}
+
+// SAFETY: an `Erased` lives in a ref's count line (a `PercpuRef` is `Send +
+// Sync`) and in a thread's owed slot. Its function only runs as the release
+// of the block's own `PercpuRef` or to pay an owed unit, i.e. on a thread
+// that made the last put or dropped a handle; the handles' `Send`/`Sync`
+// bounds already allow `T` to be dropped there.
+unsafe impl Send for Erased {}
+// SAFETY: as for `Send`; `Erased` has no interior state.
+unsafe impl Sync for Erased {}
+
+/// The `release` of a ref made by `with_erased_release`.
+fn call_erased_release(r: &PercpuRef) {
+    // SAFETY: installed only by `with_erased_release`, which writes the
+    // field before the ref is returned; calling it when the count reached
+    // zero is that constructor's caller's promise.
+    unsafe { r.erased_release.assume_init_read().call() }
+}
+
+impl Erased {
+    /// # Safety
+    ///
+    /// `func`'s own contract for `ptr`.
+    pub(crate) unsafe fn call(self) {
+        // SAFETY: forwarded to the caller.
+        unsafe { (self.func)(self.ptr) }
+    }
+}
+
 mod deferred;
 mod managed;
 mod ops;
@@ -155,6 +191,12 @@ pub(crate) use managed::wait_for_backlog;
 #[repr(C, align(16))]
 pub struct PercpuRef {
     count: AtomicCount,
+    /// The release of a ref made by
+    /// [`with_erased_release`](Self::with_erased_release), whose `release`
+    /// is then `call_erased_release`; unwritten otherwise. In the count line's
+    /// spare bytes, so that the owned layers' release (a block pointer and
+    /// a function) costs no allocation of its own; read only by `release`.
+    erased_release: MaybeUninit<Erased>,
     _count_line: MaybeUninit<[u8; COUNT_LINE_PAD]>,
     /// `MODE_ATOMIC` / `MODE_DEAD` / `MODE_PENDING` and the rseq bound:
     /// written under `switch`, except that a deferred switch's completion
@@ -178,9 +220,10 @@ pub struct PercpuRef {
     _pinned: PhantomPinned,
 }
 
-/// The bytes after the atomic counter that fill its 64-byte line (never
-/// written: padding costs `new` no stores).
-const COUNT_LINE_PAD: usize = 64 - std::mem::size_of::<AtomicCount>();
+/// The bytes after the atomic counter (and the spare release) that fill its
+/// 64-byte line (never written: padding costs `new` no stores).
+const COUNT_LINE_PAD: usize =
+    64 - std::mem::size_of::<AtomicCount>() - std::mem::size_of::<MaybeUninit<Erased>>();
 
 /// The bytes after the fields of the second line that fill it to 64 (none
 /// where those fields are larger, as under loom). The sum names every
@@ -342,6 +385,7 @@ impl PercpuRef {
         };
         Ok(PercpuRef {
             count: AtomicCount::new(count),
+            erased_release: MaybeUninit::uninit(),
             _count_line: MaybeUninit::uninit(),
             mode: AtomicUsize::new(mode),
             counters,
@@ -355,6 +399,25 @@ impl PercpuRef {
             _mode_line: MaybeUninit::uninit(),
             _pinned: PhantomPinned,
         })
+    }
+
+    /// [`with_backend`](Self::with_backend) whose `release` calls
+    /// `release` (a block's function on the block), kept in the count
+    /// line's spare bytes: no allocation for the callback.
+    ///
+    /// # Safety
+    ///
+    /// Calling `release` is sound whenever this ref's count reaches zero,
+    /// for as long as the ref lives (as a callback's own promise).
+    pub(crate) unsafe fn with_erased_release(
+        release: Erased,
+        flags: InitFlags,
+        backend: Backend,
+    ) -> Result<Self, Error> {
+        // A function item: boxed, it allocates nothing.
+        let mut r = Self::with_backend(call_erased_release, flags, backend)?;
+        r.erased_release = MaybeUninit::new(release);
+        Ok(r)
     }
 
     // ----- queries ----------------------------------------------------------

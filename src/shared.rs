@@ -66,15 +66,17 @@
 //! of CPUs; an unpromoted one costs about `Arc`'s (compare-and-swaps
 //! instead of adds: the same time on one thread, more instructions).
 //! Making and dropping a value costs about what `Arc`'s does (the block is
-//! `Arc`'s); a promotion allocates the 128-byte ref, its boxed release
-//! callback and a per-CPU slot in the arena.
+//! `Arc`'s); a promotion allocates the 128-byte ref (whose release is the
+//! block's function, kept in the ref's spare bytes) and a per-CPU slot in
+//! the arena.
 //!
 //! # Limitations
 //!
 //! - Memory: an unpromoted value takes what an `Arc` takes (16 bytes and
 //!   `T`). A promoted one adds the ref (128 bytes: its atomic count has a
-//!   cache line to itself), its boxed release callback (16 bytes) and 8
-//!   bytes per CPU slot in the per-CPU arena that has counted on it.
+//!   cache line to itself; 64-aligned, so `malloc` adds its alignment
+//!   overhead) and 8 bytes per CPU that has counted on it, in the per-CPU
+//!   arena.
 //! - A promoted value keeps its memory for a few milliseconds after its
 //!   last drop. Values that are never promoted are dropped at once, so a
 //!   storm of short-lived values piles nothing up. Promoted ones are bounded
@@ -131,8 +133,8 @@ pub use weak::Weak;
 impl<T> Unpin for Shared<T> {}
 impl<T> Unpin for Weak<T> {}
 
-// The block holds `T` in an `UnsafeCell` and the ref's boxed callback, so
-// the auto impls are missing; a handle gives `&T` and nothing else, so it
+// Once promoted, the block's word points to a ref (whose switch lock is not
+// `RefUnwindSafe`), so the auto impls are missing; a handle gives `&T` and nothing else, so it
 // is unwind safe when `T: RefUnwindSafe`, as `Arc<T>`.
 impl<T: RefUnwindSafe> UnwindSafe for Shared<T> {}
 impl<T: RefUnwindSafe> RefUnwindSafe for Shared<T> {}

@@ -82,6 +82,7 @@
 
 use crate::flags::{Error, InitFlags};
 use crate::percpu::Backend;
+pub(crate) use crate::percpu_ref::Erased;
 use crate::percpu_ref::PercpuRef;
 use crate::sync::{self, AtomicUsize, Condvar, Mutex, Ordering};
 use std::cell::{Cell, UnsafeCell};
@@ -227,40 +228,6 @@ impl<T> Inner<T> {
         // SAFETY: as the caller promised.
         unsafe { ManuallyDrop::take(&mut *self.value.get()) }
     }
-}
-
-/// A type-erased pointer to an `Inner<T>` with one of its functions.
-#[derive(Clone, Copy)]
-pub(crate) struct Erased {
-    pub(crate) ptr: *const (),
-    pub(crate) func: unsafe fn(*const ()),
-}
-
-// SAFETY: an `Erased` lives in the release callback (which `PercpuRef`
-// requires to be `Send + Sync`) and in this thread's owed slot. Its function
-// only runs as the release of the block's own `PercpuRef` or to pay an owed
-// unit, i.e. on a thread that made the last put or dropped a handle; the
-// handles' `Send`/`Sync` bounds already allow `T` to be dropped there.
-unsafe impl Send for Erased {}
-// SAFETY: as for `Send`; `Erased` has no interior state.
-unsafe impl Sync for Erased {}
-
-impl Erased {
-    /// # Safety
-    ///
-    /// `func`'s own contract for `ptr`.
-    pub(crate) unsafe fn call(self) {
-        // SAFETY: forwarded to the caller.
-        unsafe { (self.func)(self.ptr) }
-    }
-}
-
-/// The `PercpuRef` release callback for an `Inner<T>` at `e.ptr`. Not
-/// generic, so the callback is `'static` whatever `T`'s lifetime.
-pub(crate) fn release_callback(e: Erased) -> impl Fn(&PercpuRef) + Send + Sync + 'static {
-    // SAFETY: `e` is `release::<T>` for the block that owns this callback's
-    // `PercpuRef`; the block outlives its `PercpuRef` calls.
-    move |_| unsafe { e.call() }
 }
 
 /// `release` for an `Inner<T>`: drop or hand over `T`, and owe the percpu
@@ -425,11 +392,14 @@ fn settle_owed_slow() {
 /// Allocates the block for `value` with the owner's and the count's units.
 pub(super) fn alloc<T>(value: T, backend: Backend) -> Result<NonNull<Inner<T>>, Error> {
     let slot = Box::into_raw(Box::new(MaybeUninit::<Inner<T>>::uninit())).cast::<Inner<T>>();
-    let callback = release_callback(Erased {
+    let release = Erased {
         ptr: slot.cast_const().cast(),
         func: release::<T>,
-    });
-    let pref = match PercpuRef::with_backend(callback, InitFlags::ALLOW_REINIT, backend) {
+    };
+    // SAFETY: `release::<T>` of the block that will own this ref, which
+    // outlives its `PercpuRef` calls (invariant: the count's unit).
+    let made = unsafe { PercpuRef::with_erased_release(release, InitFlags::ALLOW_REINIT, backend) };
+    let pref = match made {
         Ok(p) => p,
         Err(e) => {
             // SAFETY: `slot` came from `Box::into_raw` just above, unwritten.

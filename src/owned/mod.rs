@@ -185,7 +185,7 @@ impl<T> Unpin for Weak<T> {}
 impl<T> Unpin for Killed<T> {}
 
 // Unwind safety. The auto impls are missing for every handle because the
-// block holds `T` in an `UnsafeCell` (and the ref's boxed callback), not
+// block holds `T` in an `UnsafeCell` (and the ref, with its switch lock), not
 // because a panic could tear anything of ours: the counts and the state
 // lock are consistent at every point where user code can panic (`T`'s
 // `Drop` inside `release` or a `Killed`'s drop, a waker), which the module

@@ -77,7 +77,7 @@
 //!    the count cannot reach zero during it.
 
 use crate::flags::InitFlags;
-use crate::owned::block::{owe_unit, release_callback, settle_guard, settle_owed, Erased, OnDrop};
+use crate::owned::block::{owe_unit, settle_guard, settle_owed, Erased, OnDrop};
 use crate::percpu::Backend;
 use crate::percpu_ref::PercpuRef;
 use crate::sync::{AtomicUsize, Ordering};
@@ -195,7 +195,7 @@ impl<T> Block<T> {
     #[inline(always)]
     pub(super) fn get(&self) {
         // ordering-audit: kept: Acquire: a tagged word's ref was made (its
-        // plain fields: the counters' base, the boxed callback) before the
+        // plain fields: the counters' base, the release) before the
         // hand-over's release published it, the message-passing pattern (a
         // plain load on x86_64, `ldar` on aarch64). The models cannot show
         // it: loom does not treat a plain field's initialisation as an
@@ -351,12 +351,16 @@ impl<T> Block<T> {
             // No per-CPU sections to scan: stay in the word, as an `Arc`.
             return false;
         }
-        let callback = release_callback(Erased {
+        let release = Erased {
             ptr: std::ptr::from_ref(self).cast(),
             func: release::<T>,
-        });
-        let made = PercpuRef::with_backend(callback, InitFlags::INIT_ATOMIC, backend)
-            .unwrap_or_else(|e| panic!("percpu_ref::shared::Shared::promote: {e}"));
+        };
+        // SAFETY: `release::<T>` of this block, which outlives its ref
+        // (invariant 4) and whose `T` is alive until the ref's count reaches
+        // zero (invariant 1).
+        let made =
+            unsafe { PercpuRef::with_erased_release(release, InitFlags::INIT_ATOMIC, backend) }
+                .unwrap_or_else(|e| panic!("percpu_ref::shared::Shared::promote: {e}"));
         let r: *mut PercpuRef = Box::into_raw(Box::new(made));
         // SAFETY: a fresh allocation, never moved until freed with the block.
         let pref = unsafe { Pin::new_unchecked(&*r) };
@@ -441,7 +445,8 @@ pub(super) unsafe fn put_ref<T>(p: NonNull<Block<T>>) {
         // it (three more steps) make them differ.
         match state.compare_exchange(w, w - ONE, Ordering::AcqRel, Ordering::Relaxed) {
             Ok(_) => {
-                if count(w) == 1 {
+                // `count(w) == 1`, in one comparison (`w` is not tagged).
+                if w < 2 * ONE {
                     // SAFETY: ours was the last reference (invariant 2).
                     unsafe { release_in_word(p) };
                 }
@@ -494,8 +499,10 @@ unsafe fn put_slow(pref: *const PercpuRef) {
 unsafe fn release_in_word<T>(p: NonNull<Block<T>>) {
     let p = p.as_ptr();
     let _unit = OnDrop(move || {
-        // SAFETY: the strong count's unit, given up after `T` is gone.
-        unsafe { drop_unit::<T>(p.cast_const().cast()) }
+        // SAFETY: the strong count's unit, given up after `T` is gone; a
+        // count that reached zero in the word was never handed over, so the
+        // word holds no ref to free (invariant 2).
+        unsafe { drop_unit_of::<T>(p.cast_const().cast(), false) }
     });
     // SAFETY: the count is zero, once (invariant 2): `T` is alive and no
     // handle remains that could read it. `p` has the block's own provenance
@@ -544,6 +551,19 @@ unsafe fn release<T>(ptr: *const ()) {
 /// unit, which it gives up; no `PercpuRef` call on the block is running
 /// on this thread.
 pub(super) unsafe fn drop_unit<T>(ptr: *const ()) {
+    // SAFETY: forwarded.
+    unsafe { drop_unit_of::<T>(ptr, true) }
+}
+
+/// [`drop_unit`], where `may_be_promoted` is false when the caller knows
+/// the word was never handed over (its count reached zero in the word):
+/// the last unit then frees the block without looking for a ref.
+///
+/// # Safety
+///
+/// As [`drop_unit`]; the word is not tagged if `may_be_promoted` is false.
+#[inline(always)]
+unsafe fn drop_unit_of<T>(ptr: *const (), may_be_promoted: bool) {
     let p = ptr.cast::<Block<T>>().cast_mut();
     // A failed model unwinds outside any execution, where loom accesses
     // panic (an abort): leak instead (as `owned::block::drop_unit`).
@@ -569,12 +589,14 @@ pub(super) unsafe fn drop_unit<T>(ptr: *const ()) {
         // SAFETY: that was the last unit: nobody else can reach the block.
         #[cfg(percpu_ref_loom)]
         unsafe { &(*p).freed }.with_mut(|_| ());
-        // SAFETY: that was the last unit: nobody else can reach the block.
-        let w = unsafe { &(*p).state }.load(Ordering::Relaxed);
-        if w & TAGGED != 0 {
-            // SAFETY: the ref was boxed by the hand-over, and nothing
-            // touches it any more (invariant 4).
-            drop(unsafe { Box::from_raw((w & !TAGGED) as *mut PercpuRef) });
+        if may_be_promoted {
+            // SAFETY: that was the last unit: nobody else can reach the block.
+            let w = unsafe { &(*p).state }.load(Ordering::Relaxed);
+            if w & TAGGED != 0 {
+                // SAFETY: the ref was boxed by the hand-over, and nothing
+                // touches it any more (invariant 4).
+                drop(unsafe { Box::from_raw((w & !TAGGED) as *mut PercpuRef) });
+            }
         }
         // SAFETY: as above; `T` is gone (invariant 4), which `ManuallyDrop`
         // leaves alone.
