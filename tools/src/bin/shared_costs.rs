@@ -26,8 +26,10 @@
 //!
 //! - **memory**: anonymous RSS growth per idle value over `--memory`
 //!   values: `Arc<u64>`, an unpromoted `Shared<u64>`, and promoted ones
-//!   cloned and dropped on 1 and on every allowed CPU, beside the bound
-//!   `Arc`'s + 64 + 8 per CPU.
+//!   cloned and dropped on 1, 2, 4, ... and every allowed CPU (by threads
+//!   pinned there and kept for the whole section, so that their own costs
+//!   are paid before the first reading), beside the bound `Arc`'s + 64 +
+//!   8 per CPU, and the cost of a promotion and of each further CPU.
 //!
 //! **Limits.** Values are promoted only on the rseq backend; elsewhere the
 //! rows measure the atomic phase. Times are as noisy as the machine; on a
@@ -107,6 +109,11 @@ struct Args {
     /// Counts only, no times (for emulated guests)
     #[arg(long)]
     counts_only: bool,
+
+    /// Internal: measure one memory row in this process (`arc`, `plain`
+    /// or the number of CPUs a promoted value is used on) and print it
+    #[arg(long, hide = true)]
+    memory_row: Option<String>,
 }
 
 /// A value that records when it was dropped (ns after `epoch`, plus one).
@@ -223,6 +230,9 @@ fn bytes_per_value<V>(n: usize, make: impl Fn() -> V, then: impl Fn(&[V])) -> Op
     }
     then(&v);
     flush();
+    // Free memory that the engine's queues or another thread's malloc
+    // arena still hold goes back first: only what the values hold counts.
+    trim_heap();
     let after = anon_rss()?;
     drop(v);
     flush();
@@ -230,19 +240,69 @@ fn bytes_per_value<V>(n: usize, make: impl Fn() -> V, then: impl Fn(&[V])) -> Op
     Some(after.saturating_sub(before) as f64 / n as f64)
 }
 
-/// Clones and drops every value on each of `cpus` (a thread pinned to
-/// each), so that each value is counted on by that many CPUs.
-fn use_on(values: &[Shared<u64>], cpus: &[usize]) {
-    std::thread::scope(|sc| {
+/// One thread pinned to each CPU, kept for the memory rows, so that a
+/// thread's one-time costs (its stack, which glibc's cache keeps for a few
+/// threads only, its malloc arena, its registration) are paid before the
+/// first reading and not divided among the values.
+struct Workers {
+    jobs: Vec<std::sync::mpsc::Sender<(usize, usize)>>,
+    done: std::sync::mpsc::Receiver<()>,
+    threads: Vec<std::thread::JoinHandle<()>>,
+}
+
+impl Workers {
+    fn new(cpus: &[usize]) -> Self {
+        let (done_tx, done) = std::sync::mpsc::channel();
+        let mut jobs = vec![];
+        let mut threads = vec![];
         for &cpu in cpus {
-            sc.spawn(move || {
+            let (tx, rx) = std::sync::mpsc::channel::<(usize, usize)>();
+            let done_tx = done_tx.clone();
+            threads.push(std::thread::spawn(move || {
                 let _ = affinity::pin_to(cpu);
-                for s in values {
-                    drop(black_box(s.clone()));
+                for (ptr, len) in rx {
+                    // SAFETY: `use_on` sent a live slice of `Shared<u64>`
+                    // (which is `Sync`) and waits for every worker's `done`
+                    // before it returns, so the slice outlives this use.
+                    let values =
+                        unsafe { std::slice::from_raw_parts(ptr as *const Shared<u64>, len) };
+                    for s in values {
+                        drop(black_box(s.clone()));
+                    }
+                    let _ = done_tx.send(());
                 }
-            });
+            }));
+            jobs.push(tx);
         }
-    });
+        Workers {
+            jobs,
+            done,
+            threads,
+        }
+    }
+
+    /// Clones and drops every value on the first `k` workers' CPUs, so that
+    /// each value is counted on by that many CPUs.
+    fn use_on(&self, values: &[Shared<u64>], k: usize) {
+        for tx in &self.jobs[..k] {
+            tx.send((values.as_ptr() as usize, values.len()))
+                .expect("shared_costs: a memory worker exited");
+        }
+        for _ in 0..k {
+            self.done
+                .recv()
+                .expect("shared_costs: a memory worker exited");
+        }
+    }
+}
+
+impl Drop for Workers {
+    fn drop(&mut self) {
+        self.jobs.clear();
+        for t in self.threads.drain(..) {
+            let _ = t.join();
+        }
+    }
 }
 
 /// `n` times `Shared::new` + clone + drop both, then a flush: values per
@@ -330,32 +390,70 @@ fn hot_rate(cpus: &[usize], d: Duration, storm: Option<u64>) -> (f64, usize) {
 
 /// The memory rows: bytes per idle value against `Arc<u64>` and the
 /// issue's bound (`Arc`'s + 64 + 8 per CPU that used it).
-fn memory_rows(n: usize, cpus: &[usize]) {
-    let Some(arc) = bytes_per_value(n, || Arc::new(0u64), |_| {}) else {
+/// One memory row, measured in this process: bytes per value, or `None`
+/// without /proc.
+fn memory_row(n: usize, cpus: &[usize], what: &str) -> Option<f64> {
+    match what {
+        "arc" => return bytes_per_value(n, || Arc::new(0u64), |_| {}),
+        "plain" => return bytes_per_value(n, || Shared::new(0u64), |_| {}),
+        _ => {}
+    }
+    let k: usize = what
+        .parse()
+        .ok()
+        .filter(|k| (1..=cpus.len()).contains(k))
+        .unwrap_or_else(|| {
+            panic!(
+                "shared_costs --memory-row: {what:?} is not arc, plain or 1..={}",
+                cpus.len()
+            )
+        });
+    // Each CPU's first use has one-time costs that are not per value (the
+    // workers' threads, their registration): paid before the reading.
+    let workers = Workers::new(&cpus[..k]);
+    let warm = Shared::new(0u64);
+    Shared::promote(&warm);
+    workers.use_on(std::slice::from_ref(&warm), k);
+    drop(warm);
+    bytes_per_value(
+        n,
+        || {
+            let s = Shared::new(0u64);
+            Shared::promote(&s);
+            s
+        },
+        |v| workers.use_on(v, k),
+    )
+}
+
+/// Every memory row, each in a fresh process of this program: the arena
+/// keeps a dropped value's slot (and its resident pages) for the next one,
+/// so a row measured after another would not pay for the slots' memory.
+fn memory_rows(n: usize, cpus: &[usize], reps: usize) {
+    let once = |what: &str| -> Option<f64> {
+        let out = std::process::Command::new(std::env::current_exe().ok()?)
+            .args(["--memory", &n.to_string(), "--memory-row", what])
+            .output()
+            .ok()?;
+        assert!(
+            out.status.success(),
+            "shared_costs: the memory row {what} failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).trim().parse().ok()
+    };
+    // The median of `reps` processes: the heap's and the arena's layouts
+    // differ from run to run by a few percent.
+    let measure = |what: &str| -> Option<f64> {
+        let mut v: Vec<f64> = (0..reps).filter_map(|_| once(what)).collect();
+        (!v.is_empty()).then(|| median(&mut v))
+    };
+    let Some(arc) = measure("arc") else {
         println!("\nmemory: n/a (no /proc/self/status here)");
         return;
     };
-    // Each CPU's first use has one-time costs that are not per value (its
-    // thread's stack, which glibc caches for the threads below, the
-    // thread's registration and arena slot chunk): paid before any reading.
-    let warm = Shared::new(0u64);
-    Shared::promote(&warm);
-    use_on(std::slice::from_ref(&warm), cpus);
-    drop(warm);
-    let plain = bytes_per_value(n, || Shared::new(0u64), |_| {});
-    let promoted = |k: usize| {
-        bytes_per_value(
-            n,
-            || {
-                let s = Shared::new(0u64);
-                Shared::promote(&s);
-                s
-            },
-            |v| use_on(v, &cpus[..k]),
-        )
-    };
     println!();
-    println!("| memory per idle value, {n} values, anonymous RSS | bytes | bound: `Arc` + 64 + 8 x CPUs |");
+    println!("| memory per idle value, {n} values, anonymous RSS, each row in fresh processes (median of {reps}) | bytes | bound: `Arc` + 64 + 8 x CPUs |");
     println!("|---|--:|--:|");
     println!("| `Arc<u64>` | {arc:.1} | |");
     let row = |what: String, b: Option<f64>, cpus_used: usize| {
@@ -363,21 +461,43 @@ fn memory_rows(n: usize, cpus: &[usize]) {
         let b = b.map_or("n/a".into(), |b| format!("{b:.1}"));
         println!("| {what} | {b} | {bound:.0} |");
     };
-    row("`Shared<u64>`, never cloned (atomic)".into(), plain, 0);
-    let mut ks = vec![1, cpus.len()];
-    ks.dedup();
+    row(
+        "`Shared<u64>`, never cloned (atomic)".into(),
+        measure("plain"),
+        0,
+    );
+    // 1, 2, 4, ... and every allowed CPU: the growth per CPU shows apart
+    // from what a promotion costs once.
+    let mut ks: Vec<usize> = std::iter::successors(Some(1usize), |k| Some(k * 2))
+        .take_while(|&k| k < cpus.len())
+        .collect();
+    ks.push(cpus.len());
+    let mut rows = vec![];
     for k in ks {
-        row(
-            format!("`Shared<u64>`, promoted, used on {k} CPU(s)"),
-            promoted(k),
-            k,
-        );
+        let b = measure(&k.to_string());
+        row(format!("`Shared<u64>`, promoted, used on {k} CPU(s)"), b, k);
+        rows.extend(b.map(|b| (k, b)));
+    }
+    if let (Some(&(k0, b0)), Some(&(k1, b1))) = (rows.first(), rows.last()) {
+        if k1 > k0 {
+            println!(
+                "\npromoted: {:.1} bytes per value on its first CPU over `Arc`'s, {:.1} per further CPU",
+                b0 - arc,
+                (b1 - b0) / (k1 - k0) as f64
+            );
+        }
     }
 }
 
 fn main() {
     let a = Args::parse();
     let cpus = affinity::allowed_cpus();
+    if let Some(what) = &a.memory_row {
+        if let Some(b) = memory_row(a.memory.max(1), &cpus, what) {
+            println!("{b}");
+        }
+        return;
+    }
     println!(
         "shared_costs: backend {:?}, {} allowed CPUs, {} reps",
         backend(),
@@ -415,7 +535,7 @@ fn main() {
     }
 
     if a.memory > 0 {
-        memory_rows(a.memory, &cpus);
+        memory_rows(a.memory, &cpus, a.reps);
     }
 
     let mut share = vec![];
