@@ -194,10 +194,18 @@ fn idle_cost(n: usize, idle: Duration) -> Option<f64> {
 
 /// Anonymous resident memory in bytes (`RssAnon` of /proc/self/status).
 fn anon_rss() -> Option<u64> {
-    let status = std::fs::read_to_string("/proc/self/status").ok()?;
-    let line = status.lines().find(|l| l.starts_with("RssAnon:"))?;
-    let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
-    Some(kb * 1024)
+    // smaps_rollup's count walks the page tables: exact. `RssAnon` in
+    // /proc/self/status is the kernel's per-CPU counters read without
+    // summing them (since Linux 6.2), off by up to a batch of pages for
+    // each CPU that faulted: tens of bytes per value in a 32-vCPU row.
+    let exact = |f: &str, key: &str| -> Option<u64> {
+        let text = std::fs::read_to_string(f).ok()?;
+        let line = text.lines().find(|l| l.starts_with(key))?;
+        let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+        Some(kb * 1024)
+    };
+    exact("/proc/self/smaps_rollup", "Anonymous:")
+        .or_else(|| exact("/proc/self/status", "RssAnon:"))
 }
 
 /// Gives freed heap memory back to the system (glibc keeps it otherwise,
@@ -210,10 +218,25 @@ fn trim_heap() {
     }
 }
 
-/// Bytes per value that `make` adds to the anonymous RSS, `n` values kept
-/// alive until the reading (then dropped and flushed). `None` without
-/// /proc.
-fn bytes_per_value<V>(n: usize, make: impl Fn() -> V, then: impl Fn(&[V])) -> Option<f64> {
+/// The bytes `malloc` has handed out and not had back (all its arenas),
+/// where glibc says.
+fn heap_in_use() -> Option<usize> {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: no preconditions; it only reads the allocator's statistics.
+    return Some(unsafe { libc::mallinfo2() }.uordblks);
+    #[cfg(not(all(target_os = "linux", target_env = "gnu")))]
+    None
+}
+
+/// Bytes per value that `make` adds to the anonymous RSS, and of those the
+/// bytes `malloc` handed out (the rest is the per-CPU arena's pages and
+/// the allocator's slack), `n` values kept alive until the reading (then
+/// dropped and flushed). `None` without /proc.
+fn bytes_per_value<V>(
+    n: usize,
+    make: impl Fn() -> V,
+    then: impl Fn(&[V]),
+) -> Option<(f64, Option<f64>)> {
     let mut v: Vec<V> = Vec::with_capacity(n);
     // Fault the `Vec` in first: its pages are not the values' cost.
     // SAFETY: writes bytes into the spare capacity, which is allocated.
@@ -225,6 +248,7 @@ fn bytes_per_value<V>(n: usize, make: impl Fn() -> V, then: impl Fn(&[V])) -> Op
     flush();
     trim_heap();
     let before = anon_rss()?;
+    let heap_before = heap_in_use();
     for _ in 0..n {
         v.push(make());
     }
@@ -234,10 +258,13 @@ fn bytes_per_value<V>(n: usize, make: impl Fn() -> V, then: impl Fn(&[V])) -> Op
     // arena still hold goes back first: only what the values hold counts.
     trim_heap();
     let after = anon_rss()?;
+    let heap = heap_before
+        .zip(heap_in_use())
+        .map(|(b, a)| (a as f64 - b as f64) / n as f64);
     drop(v);
     flush();
     trim_heap();
-    Some(after.saturating_sub(before) as f64 / n as f64)
+    Some((after.saturating_sub(before) as f64 / n as f64, heap))
 }
 
 /// One thread pinned to each CPU, kept for the memory rows, so that a
@@ -390,9 +417,9 @@ fn hot_rate(cpus: &[usize], d: Duration, storm: Option<u64>) -> (f64, usize) {
 
 /// The memory rows: bytes per idle value against `Arc<u64>` and the
 /// issue's bound (`Arc`'s + 64 + 8 per CPU that used it).
-/// One memory row, measured in this process: bytes per value, or `None`
-/// without /proc.
-fn memory_row(n: usize, cpus: &[usize], what: &str) -> Option<f64> {
+/// One memory row, measured in this process: bytes per value and of those
+/// `malloc`'s, or `None` without /proc.
+fn memory_row(n: usize, cpus: &[usize], what: &str) -> Option<(f64, Option<f64>)> {
     match what {
         "arc" => return bytes_per_value(n, || Arc::new(0u64), |_| {}),
         "plain" => return bytes_per_value(n, || Shared::new(0u64), |_| {}),
@@ -430,7 +457,7 @@ fn memory_row(n: usize, cpus: &[usize], what: &str) -> Option<f64> {
 /// keeps a dropped value's slot (and its resident pages) for the next one,
 /// so a row measured after another would not pay for the slots' memory.
 fn memory_rows(n: usize, cpus: &[usize], reps: usize) {
-    let once = |what: &str| -> Option<f64> {
+    let once = |what: &str| -> Option<(f64, f64)> {
         let out = std::process::Command::new(std::env::current_exe().ok()?)
             .args(["--memory", &n.to_string(), "--memory-row", what])
             .output()
@@ -440,26 +467,31 @@ fn memory_rows(n: usize, cpus: &[usize], reps: usize) {
             "shared_costs: the memory row {what} failed: {}",
             String::from_utf8_lossy(&out.stderr)
         );
-        String::from_utf8_lossy(&out.stdout).trim().parse().ok()
+        let out = String::from_utf8_lossy(&out.stdout);
+        let mut words = out.split_whitespace().map(|w| w.parse::<f64>().ok());
+        Some((words.next()??, words.next()??))
     };
     // The median of `reps` processes: the heap's and the arena's layouts
-    // differ from run to run by a few percent.
-    let measure = |what: &str| -> Option<f64> {
-        let mut v: Vec<f64> = (0..reps).filter_map(|_| once(what)).collect();
-        (!v.is_empty()).then(|| median(&mut v))
+    // differ from run to run by a few percent (`malloc`'s count does not).
+    let measure = |what: &str| -> Option<(f64, f64)> {
+        let (mut rss, mut heap): (Vec<f64>, Vec<f64>) =
+            (0..reps).filter_map(|_| once(what)).unzip();
+        (!rss.is_empty()).then(|| (median(&mut rss), median(&mut heap)))
     };
-    let Some(arc) = measure("arc") else {
+    let Some((arc, arc_heap)) = measure("arc") else {
         println!("\nmemory: n/a (no /proc/self/status here)");
         return;
     };
     println!();
-    println!("| memory per idle value, {n} values, anonymous RSS, each row in fresh processes (median of {reps}) | bytes | bound: `Arc` + 64 + 8 x CPUs |");
-    println!("|---|--:|--:|");
-    println!("| `Arc<u64>` | {arc:.1} | |");
-    let row = |what: String, b: Option<f64>, cpus_used: usize| {
+    println!("| memory per idle value, {n} values, each row in fresh processes (median of {reps}) | anonymous RSS, bytes | of which `malloc`'s | bound: `Arc` + 64 + 8 x CPUs |");
+    println!("|---|--:|--:|--:|");
+    println!("| `Arc<u64>` | {arc:.1} | {arc_heap:.1} | |");
+    let row = |what: String, b: Option<(f64, f64)>, cpus_used: usize| {
         let bound = arc + 64.0 + 8.0 * cpus_used as f64;
-        let b = b.map_or("n/a".into(), |b| format!("{b:.1}"));
-        println!("| {what} | {b} | {bound:.0} |");
+        let (b, h) = b.map_or(("n/a".into(), "n/a".into()), |(b, h)| {
+            (format!("{b:.1}"), format!("{h:.1}"))
+        });
+        println!("| {what} | {b} | {h} | {bound:.0} |");
     };
     row(
         "`Shared<u64>`, never cloned (atomic)".into(),
@@ -476,7 +508,7 @@ fn memory_rows(n: usize, cpus: &[usize], reps: usize) {
     for k in ks {
         let b = measure(&k.to_string());
         row(format!("`Shared<u64>`, promoted, used on {k} CPU(s)"), b, k);
-        rows.extend(b.map(|b| (k, b)));
+        rows.extend(b.map(|(b, _)| (k, b)));
     }
     if let (Some(&(k0, b0)), Some(&(k1, b1))) = (rows.first(), rows.last()) {
         if k1 > k0 {
@@ -493,8 +525,8 @@ fn main() {
     let a = Args::parse();
     let cpus = affinity::allowed_cpus();
     if let Some(what) = &a.memory_row {
-        if let Some(b) = memory_row(a.memory.max(1), &cpus, what) {
-            println!("{b}");
+        if let Some((b, h)) = memory_row(a.memory.max(1), &cpus, what) {
+            println!("{b} {}", h.unwrap_or(f64::NAN));
         }
         return;
     }
