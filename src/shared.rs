@@ -73,10 +73,9 @@
 //! # Limitations
 //!
 //! - Memory: an unpromoted value takes what an `Arc` takes (16 bytes and
-//!   `T`). A promoted one adds the ref (128 bytes: its atomic count has a
-//!   cache line to itself; 64-aligned, so `malloc` adds its alignment
-//!   overhead) and 8 bytes per CPU that has counted on it, in the per-CPU
-//!   arena.
+//!   `T`). A promoted one adds the ref (128 bytes, a 144-byte `malloc`
+//!   chunk: its atomic count has a cache line to itself) and 8 bytes per
+//!   CPU that has counted on it, in the per-CPU arena.
 //! - A promoted value keeps its memory for a few milliseconds after its
 //!   last drop. Values that are never promoted are dropped at once, so a
 //!   storm of short-lived values piles nothing up. Promoted ones are bounded
@@ -133,9 +132,9 @@ pub use weak::Weak;
 impl<T> Unpin for Shared<T> {}
 impl<T> Unpin for Weak<T> {}
 
-// Once promoted, the block's word points to a ref (whose switch lock is not
-// `RefUnwindSafe`), so the auto impls are missing; a handle gives `&T` and nothing else, so it
-// is unwind safe when `T: RefUnwindSafe`, as `Arc<T>`.
+// Stated as `Arc<T>`'s (the auto impls would also ask `T: UnwindSafe`,
+// through the `PhantomData` of the block): a handle gives `&T` and nothing
+// else, so it is unwind safe when `T: RefUnwindSafe`.
 impl<T: RefUnwindSafe> UnwindSafe for Shared<T> {}
 impl<T: RefUnwindSafe> RefUnwindSafe for Shared<T> {}
 impl<T: RefUnwindSafe> UnwindSafe for Weak<T> {}

@@ -25,7 +25,7 @@
 //!
 //! ```text
 //!   count (bits 8..)  | PROMOTING (bit 7) | clones (bits 1..=6) | TAGGED (bit 0) = 0
-//!   address of the PercpuRef (aligned to 64)                    | TAGGED (bit 0) = 1
+//!   address of the PercpuRef (aligned to 16)                    | TAGGED (bit 0) = 1
 //! ```
 //!
 //! Before promotion a clone adds one to the count and one to the clones in
@@ -113,7 +113,7 @@ const MAX_COUNT: usize = usize::MAX / ONE;
 const PROVISIONAL: usize = MAX_COUNT + 1;
 
 const _: () = assert!(PROMOTE_AFTER.is_power_of_two() && PROMOTING < ONE && PROMOTING > CLONE_ONE);
-// The tag needs the ref's address to be even (it is aligned to 64 bytes).
+// The tag needs the ref's address to be even (it is aligned to 16 bytes).
 const _: () = assert!(std::mem::align_of::<PercpuRef>() > TAGGED);
 
 /// The references counted in a state word that is not tagged.
