@@ -82,8 +82,7 @@
 
 use crate::flags::{Error, InitFlags};
 use crate::percpu::Backend;
-pub(crate) use crate::percpu_ref::Erased;
-use crate::percpu_ref::PercpuRef;
+use crate::percpu_ref::{Erased, PercpuRef};
 use crate::sync::{self, AtomicUsize, Condvar, Mutex, Ordering};
 use std::cell::{Cell, UnsafeCell};
 use std::mem::{ManuallyDrop, MaybeUninit};

@@ -77,9 +77,9 @@
 //!    the count cannot reach zero during it.
 
 use crate::flags::InitFlags;
-use crate::owned::block::{owe_unit, settle_guard, settle_owed, Erased, OnDrop};
+use crate::owned::block::{owe_unit, settle_guard, settle_owed, OnDrop};
 use crate::percpu::Backend;
-use crate::percpu_ref::PercpuRef;
+use crate::percpu_ref::{Erased, PercpuRef};
 use crate::sync::{AtomicUsize, Ordering};
 use std::mem::ManuallyDrop;
 use std::pin::Pin;

@@ -24,12 +24,14 @@
 //!   alone, and how many of the storm's values at most awaited their drop
 //!   (made and dropped, not yet dropped by the engine).
 //!
-//! - **memory**: anonymous RSS growth per idle value over `--memory`
-//!   values: `Arc<u64>`, an unpromoted `Shared<u64>`, and promoted ones
-//!   cloned and dropped on 1, 2, 4, ... and every allowed CPU (by threads
-//!   pinned there and kept for the whole section, so that their own costs
-//!   are paid before the first reading), beside the bound `Arc`'s + 64 +
-//!   8 per CPU, and the cost of a promotion and of each further CPU.
+//! - **memory**: growth of the anonymous memory (exact, from
+//!   /proc/self/smaps_rollup) per idle value over `--memory` values, and
+//!   `malloc`'s share of it: `Arc<u64>`, an unpromoted `Shared<u64>`, and
+//!   promoted ones cloned and dropped on 1, 2, 4, ... and every allowed
+//!   CPU (by threads pinned there, made before the first reading so that
+//!   their own costs are not the values'), each row in fresh processes
+//!   (medians of `--reps`), beside the bound `Arc`'s + 64 + 8 per CPU, and
+//!   the cost of a promotion and of each further CPU.
 //!
 //! **Limits.** Values are promoted only on the rseq backend; elsewhere the
 //! rows measure the atomic phase. Times are as noisy as the machine; on a
@@ -192,7 +194,8 @@ fn idle_cost(n: usize, idle: Duration) -> Option<f64> {
         .map(|(c0, c1)| (c1 - c0).as_secs_f64() / idle.as_secs_f64())
 }
 
-/// Anonymous resident memory in bytes (`RssAnon` of /proc/self/status).
+/// Anonymous resident memory in bytes (`Anonymous` of
+/// /proc/self/smaps_rollup, else `RssAnon` of /proc/self/status).
 fn anon_rss() -> Option<u64> {
     // smaps_rollup's count walks the page tables: exact. `RssAnon` in
     // /proc/self/status is the kernel's per-CPU counters read without
@@ -267,7 +270,7 @@ fn bytes_per_value<V>(
     Some((after.saturating_sub(before) as f64 / n as f64, heap))
 }
 
-/// One thread pinned to each CPU, kept for the memory rows, so that a
+/// One thread pinned to each CPU, made before a memory row's reading, so that a
 /// thread's one-time costs (its stack, which glibc's cache keeps for a few
 /// threads only, its malloc arena, its registration) are paid before the
 /// first reading and not divided among the values.
@@ -415,8 +418,6 @@ fn hot_rate(cpus: &[usize], d: Duration, storm: Option<u64>) -> (f64, usize) {
     (rate, most_pending)
 }
 
-/// The memory rows: bytes per idle value against `Arc<u64>` and the
-/// issue's bound (`Arc`'s + 64 + 8 per CPU that used it).
 /// One memory row, measured in this process: bytes per value and of those
 /// `malloc`'s, or `None` without /proc.
 fn memory_row(n: usize, cpus: &[usize], what: &str) -> Option<(f64, Option<f64>)> {
@@ -453,9 +454,11 @@ fn memory_row(n: usize, cpus: &[usize], what: &str) -> Option<(f64, Option<f64>)
     )
 }
 
-/// Every memory row, each in a fresh process of this program: the arena
-/// keeps a dropped value's slot (and its resident pages) for the next one,
-/// so a row measured after another would not pay for the slots' memory.
+/// The memory rows, against `Arc<u64>` and the bound (`Arc`'s +
+/// 64 + 8 per CPU that used it), each in fresh processes of this program:
+/// the arena keeps a dropped value's slot (and its resident pages) for the
+/// next one, so a row measured after another would not pay for the slots'
+/// memory.
 fn memory_rows(n: usize, cpus: &[usize], reps: usize) {
     let once = |what: &str| -> Option<(f64, f64)> {
         let out = std::process::Command::new(std::env::current_exe().ok()?)
