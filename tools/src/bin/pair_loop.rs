@@ -2,7 +2,7 @@
 //! for counting instructions per pair with callgrind
 //! (`scripts/callgrind-pair`) or timing one thread quickly.
 //!
-//! Usage: `pair_loop <rseq|sharded|rseq-atomic|atomic|arc|shared|rseq-churn|sharded-churn|new-churn|arc-churn|shared-churn> <n>`
+//! Usage: `pair_loop <rseq|sharded|rseq-atomic|atomic|arc|shared|rseq-churn|sharded-churn|new-churn|arc-churn|floor-churn|shared-churn> <n>`
 //!
 //! `rseq-atomic` is a get + put on an `INIT_ATOMIC` ref of the rseq backend:
 //! the section finds atomic mode and the pair takes the atomic counter's
@@ -17,6 +17,10 @@
 //! `shared-churn` a `Shared::new` + clone + drop of both (never promoted:
 //! the last drop drops the value), as `arc-churn` for `Arc`.
 //!
+//! `floor-churn` is `arc-churn` with one test added before each clone and
+//! each drop: [`Floor`], the least that counting in `Arc`'s word can cost
+//! when the count may move elsewhere (module docs of `Floor`).
+//!
 //! Valgrind disables rseq (glibc's registration fails, `__rseq_size` = 0),
 //! so built with `RUSTFLAGS="--cfg percpu_ref_callgrind"` this program
 //! first points the rseq backend at a fake, never-registered rseq area
@@ -28,7 +32,7 @@
 use percpu_ref::shared::Shared;
 use percpu_ref::{Backend, InitFlags, PercpuRef};
 use std::hint::black_box;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -104,6 +108,67 @@ fn arc_churn(n: u64) {
     }
 }
 
+/// The floor of a count that starts in `Arc`'s word and may move to per-CPU
+/// counters (as `Shared`'s does when promoted): `Arc` itself, plus one
+/// load and branch before each clone and each drop. Once a count has moved,
+/// a clone or a drop must not write the shared word (that write is the
+/// cost per-CPU counting removes), so each must read something first to
+/// know: a clone gets only `&self`, and a drop that wrote first and looked
+/// after would write the shared line (a drop could test a tag its handle
+/// carries instead: a test and a branch all the same). Not a
+/// refcount to use: its test and its count are two steps, which a real
+/// protocol must join (`Shared` does it with a compare-and-swap); it only
+/// counts what cannot be avoided.
+struct Floor(Arc<(AtomicBool, u64)>);
+
+impl Floor {
+    fn new(v: u64) -> Self {
+        Floor(Arc::new((AtomicBool::new(false), v)))
+    }
+
+    /// Whether the count has moved (never, here).
+    #[inline(always)]
+    fn moved(&self) -> bool {
+        self.0 .0.load(Ordering::Relaxed)
+    }
+}
+
+/// Where a moved count would be counted; never reached.
+#[cold]
+#[inline(never)]
+fn floor_moved() {
+    panic!("pair_loop floor-churn: the flag is never set");
+}
+
+impl Clone for Floor {
+    #[inline(always)]
+    fn clone(&self) -> Self {
+        if self.moved() {
+            floor_moved();
+        }
+        Floor(Arc::clone(&self.0))
+    }
+}
+
+impl Drop for Floor {
+    #[inline(always)]
+    fn drop(&mut self) {
+        if self.moved() {
+            floor_moved();
+        }
+    }
+}
+
+/// `n` times: `Floor::new`, clone, drop both (as `arc_churn`).
+#[inline(never)]
+fn floor_churn(n: u64) {
+    for _ in 0..n {
+        let f = Floor::new(0u64);
+        drop(black_box(Floor::clone(black_box(&f))));
+        drop(f);
+    }
+}
+
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     let (what, n) = match (args.get(1), args.get(2).map(|n| n.parse::<u64>())) {
@@ -111,7 +176,7 @@ fn main() {
         _ => {
             eprintln!(
                 "usage: pair_loop <rseq|sharded|rseq-atomic|atomic|arc|shared|rseq-churn|\
-                 sharded-churn|new-churn|arc-churn|shared-churn> <n>"
+                 sharded-churn|new-churn|arc-churn|floor-churn|shared-churn> <n>"
             );
             std::process::exit(2);
         }
@@ -152,6 +217,7 @@ fn main() {
         // under callgrind).
         "new-churn" => percpu_churn(black_box(n), || PercpuRef::new(|_| {})),
         "arc-churn" => arc_churn(black_box(n)),
+        "floor-churn" => floor_churn(black_box(n)),
         "shared" => {
             let s = Shared::new(0u64);
             Shared::promote(&s);
