@@ -27,7 +27,7 @@
 mod common;
 use common::{check, models};
 
-use loom::sync::atomic::{AtomicBool, AtomicUsize, Ordering::SeqCst};
+use loom::sync::atomic::{AtomicBool, AtomicUsize, Ordering::Relaxed, Ordering::SeqCst};
 use loom::thread;
 use percpu_ref::loom_support::step;
 use percpu_ref::shared::Shared;
@@ -657,6 +657,85 @@ fn shared_upgrade_vs_last_drop(backend: Backend) {
     shared_done(&drops);
 }
 
+/// `Shared::get_mut` against another handle's downgrade, that handle's
+/// drop and an upgrade through the `Weak`: no `&mut T` coexists with the
+/// upgraded handle's read (loom sees the write and the read unordered
+/// otherwise). The first `get_mut` races the downgrade (the allocation
+/// count stays locked across the check, std's `Arc::is_unique`:
+/// `shared_downgrade_ignores_lock`); the second comes after the other
+/// handle is gone and its `Weak` may still upgrade
+/// (`shared_get_mut_ignores_weak`). Atomic mode only: a promoted value is
+/// never unique to `get_mut`.
+fn shared_get_mut_vs_upgrade(backend: Backend) {
+    let drops = Arc::new(AtomicUsize::new(0));
+    let mut v = percpu_ref::loom_support::shared_on(Canary::new(&drops), backend);
+    let b = v.clone();
+    let dropped = Arc::new(AtomicBool::new(false));
+    let t = thread::spawn({
+        let dropped = dropped.clone();
+        move || {
+            let w = Shared::downgrade(&b);
+            drop(b);
+            dropped.store(true, SeqCst);
+            if let Some(u) = w.upgrade() {
+                u.read();
+            }
+            drop(w);
+        }
+    });
+    let write = |m: &mut Canary| {
+        // SAFETY: `get_mut` found no other handle and no `Weak`; the model
+        // checks that no reader runs unordered with this write.
+        m.cell.with_mut(|x| unsafe { *x = 1 });
+    };
+    if let Some(m) = Shared::get_mut(&mut v) {
+        write(m);
+    }
+    while !dropped.load(SeqCst) {
+        thread::yield_now();
+    }
+    if let Some(m) = Shared::get_mut(&mut v) {
+        write(m);
+    }
+    // Joined first: an upgrade after a write needs `v`, which keeps the
+    // count above zero until then.
+    t.join().unwrap();
+    drop(v);
+    shared_done(&drops);
+}
+
+/// `Shared::get_mut` after another handle read `T` and was dropped, seen
+/// through a relaxed flag (no `Weak`, so the allocation count orders
+/// nothing): the check's acquire of the word orders that read before the
+/// caller's write (the check's load weakened to relaxed is caught here).
+fn shared_get_mut_after_other_drop(backend: Backend) {
+    let drops = Arc::new(AtomicUsize::new(0));
+    let mut v = percpu_ref::loom_support::shared_on(Canary::new(&drops), backend);
+    let c = v.clone();
+    let dropped = Arc::new(AtomicBool::new(false));
+    let t = thread::spawn({
+        let dropped = dropped.clone();
+        move || {
+            c.read();
+            drop(c);
+            dropped.store(true, Relaxed);
+        }
+    });
+    while !dropped.load(Relaxed) {
+        thread::yield_now();
+    }
+    // `None` where the check reads the count from before the drop (the
+    // relaxed flag orders nothing).
+    if let Some(m) = Shared::get_mut(&mut v) {
+        // SAFETY: `get_mut` found no other handle and no `Weak`; the model
+        // checks that the other handle's read happens before this write.
+        m.cell.with_mut(|x| unsafe { *x = 1 });
+    }
+    t.join().unwrap();
+    drop(v);
+    shared_done(&drops);
+}
+
 /// An owned `Weak::tryget` racing the last `Ref`'s drop once the kill
 /// completed (atomic mode), the `Weak` dropped right after: a tryget must
 /// not revive a count that the put just took to zero, or the put's
@@ -702,4 +781,6 @@ models! {
     shared_second_promotion_vs_scan: preemptions 2, backends [rseq_model];
     shared_clone_and_upgrade_vs_handoff: preemptions 2, backends [sharded, rseq_model];
     owned_tryget_vs_last_put_after_kill: preemptions 2, backends [sharded];
+    shared_get_mut_vs_upgrade: preemptions 2, backends [sharded];
+    shared_get_mut_after_other_drop: preemptions 2, backends [sharded];
 }

@@ -457,6 +457,22 @@ impl PercpuRef {
         self.count.true_count()
     }
 
+    /// The count as a racy snapshot in either mode (for `Shared`'s
+    /// `strong_count`): in percpu mode the atomic counter less `BIAS` plus
+    /// the per-CPU counters read while sections may commit, which is exact
+    /// only while nobody gets or puts. Saturated (a miscounted ref):
+    /// `u64::MAX`.
+    pub(crate) fn count_snapshot(&self) -> u64 {
+        let c = self.count.load();
+        match crate::atomic_mode::zone(c) {
+            crate::atomic_mode::Zone::Biased => c
+                .wrapping_sub(crate::atomic_mode::BIAS)
+                .wrapping_add(self.counters.racy_sum()),
+            crate::atomic_mode::Zone::Saturated => u64::MAX,
+            _ => self.count.true_count().unwrap_or(u64::MAX),
+        }
+    }
+
     /// The per-CPU backend this ref counts on.
     #[must_use]
     pub fn backend(&self) -> Backend {

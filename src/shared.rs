@@ -54,8 +54,9 @@
 //! | `ptr_eq`, `as_ptr`, `into_raw`, `from_raw` | the same |
 //! | `Debug`, `Display`, `{:p}`, `Hash`, `==`, `<`, `Borrow`, `AsRef` | the same, delegated to `T` |
 //! | `Send`, `Sync`, `Unpin`, `UnwindSafe` | the same conditions |
-//! | `strong_count`, `weak_count` | absent: a per-CPU count has no cheap exact value (`Arc`'s are snapshots too) |
-//! | `try_unwrap`, `into_inner`, `get_mut`, `make_mut` | absent: use [`Owner`](crate::Owner) (kill, then [`Killed::wait`](crate::Killed::wait) takes `T` back; [`Owner::freeze`](crate::Owner::freeze) gives `&mut T`), or clone `T` |
+//! | `strong_count`, `weak_count` | the same (snapshots); a promoted value's strong count is a racy sum of its per-CPU counts, exact while nobody clones or drops it |
+//! | `get_mut`, `make_mut` | the same for a value in atomic mode (`Arc`'s lock on the allocation count); on a promoted one `get_mut` is `None` and `make_mut` clones `T` (an exact count of a promoted value takes a grace period) |
+//! | `try_unwrap`, `into_inner`, `unwrap_or_clone` | absent, for the same reason: use [`Owner`](crate::Owner) (kill, then [`Killed::wait`](crate::Killed::wait) takes `T` back; [`Owner::freeze`](crate::Owner::freeze) gives `&mut T`), or clone `T` |
 //! | `T: ?Sized` (`Arc<str>`, `Arc<dyn Trait>`), `new_cyclic`, allocators | absent: `Shared<Box<dyn Trait>>` or `Shared<String>` |
 //!
 //! # Performance

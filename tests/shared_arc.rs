@@ -7,13 +7,15 @@
 //! engine a few milliseconds after its last handle.
 //!
 //! Tests that cannot apply, and why:
-//! - `test_arc_get_mut`, `try_unwrap`, `into_inner`,
-//!   `into_inner_and_try_unwrap_race`, `test_cowarc_clone_make_mut`,
-//!   `test_cowarc_clone_unique2`, `test_cowarc_clone_weak`,
-//!   `make_mut_unsized`: no exact-count methods (module docs: use
-//!   `Owner`'s kill and freeze).
-//! - `weak_counts`, `test_strong_count`, `test_weak_count`,
-//!   `test_weak_count_locked`: no counts.
+//! - `try_unwrap`, `into_inner`, `into_inner_and_try_unwrap_race`: absent
+//!   (an exact count of a promoted value takes a grace period; module
+//!   docs: use `Owner`'s kill and `Killed::wait`).
+//! - `make_mut_unsized`: `T: ?Sized` is not supported (below).
+//! - `weak_counts`: no `Weak::strong_count` / `Weak::weak_count`.
+//!
+//! Where `Shared` differs on purpose, the test says so: `get_mut` is `None`
+//! on a promoted value (unique or not), so `make_mut` clones it; the
+//! `make_mut` tests check the values std's check, on both kinds.
 //! - `test_unsized`, `test_maybe_thin_unsized`, `test_into_from_raw_unsized`,
 //!   `test_into_from_weak_raw_unsized`, `test_from_str`,
 //!   `test_copy_from_slice`, `test_clone_from_slice`,
@@ -341,4 +343,186 @@ fn variance() {
     let s = shorten(Shared::new("static"));
     assert_eq!(*s, "static");
     assert!(shorten_weak(Weak::new()).upgrade().is_none());
+}
+
+/// A value made in atomic mode, or promoted (where the backend can).
+fn made<T: Send + 'static>(v: T, promote: bool) -> Shared<T> {
+    let s = Shared::new(v);
+    if promote {
+        assert!(Shared::promote(&s) || percpu_ref::backend() != Backend::Rseq);
+    }
+    s
+}
+
+#[test]
+fn test_arc_get_mut() {
+    let mut x = Shared::new(3);
+    *Shared::get_mut(&mut x).unwrap() = 4;
+    assert_eq!(*x, 4);
+    let y = x.clone();
+    assert!(Shared::get_mut(&mut x).is_none());
+    drop(y);
+    assert!(Shared::get_mut(&mut x).is_some());
+    let _w = Shared::downgrade(&x);
+    assert!(Shared::get_mut(&mut x).is_none());
+}
+
+/// Differs from `Arc`: a promoted value is never unique to `get_mut`.
+#[test]
+fn get_mut_of_a_promoted_value_is_none() {
+    let mut x = made(3, true);
+    if Shared::is_percpu(&x) {
+        assert!(Shared::get_mut(&mut x).is_none());
+    }
+}
+
+#[test]
+fn test_cowarc_clone_make_mut() {
+    for promote in [false, true] {
+        let mut cow0 = made(75, promote);
+        let mut cow1 = cow0.clone();
+        let mut cow2 = cow1.clone();
+        assert_eq!(75, *Shared::make_mut(&mut cow0));
+        assert_eq!(75, *Shared::make_mut(&mut cow1));
+        assert_eq!(75, *Shared::make_mut(&mut cow2));
+        *Shared::make_mut(&mut cow0) += 1;
+        *Shared::make_mut(&mut cow1) += 2;
+        *Shared::make_mut(&mut cow2) += 3;
+        assert_eq!((*cow0, *cow1, *cow2), (76, 77, 78));
+        // none shares with another any more
+        assert!(!Shared::ptr_eq(&cow0, &cow1) && !Shared::ptr_eq(&cow1, &cow2));
+        assert!(!Shared::ptr_eq(&cow0, &cow2));
+    }
+}
+
+#[test]
+fn test_cowarc_clone_unique2() {
+    for promote in [false, true] {
+        let mut cow0 = made(75, promote);
+        let cow1 = cow0.clone();
+        let cow2 = cow1.clone();
+        assert_eq!((*cow0, *cow1, *cow2), (75, 75, 75));
+        *Shared::make_mut(&mut cow0) += 1;
+        assert_eq!((*cow0, *cow1, *cow2), (76, 75, 75));
+        // cow1 and cow2 still share the original
+        assert!(!Shared::ptr_eq(&cow0, &cow1));
+        assert!(Shared::ptr_eq(&cow1, &cow2));
+    }
+}
+
+#[test]
+fn test_cowarc_clone_weak() {
+    for promote in [false, true] {
+        let mut cow0 = made(75, promote);
+        let cow1_weak = Shared::downgrade(&cow0);
+        assert_eq!(75, *cow0);
+        assert_eq!(75, *cow1_weak.upgrade().unwrap());
+        *Shared::make_mut(&mut cow0) += 1;
+        assert_eq!(76, *cow0);
+        percpu_ref::flush(); // a promoted original is dropped by the engine
+        assert!(cow1_weak.upgrade().is_none());
+    }
+}
+
+/// `make_mut` of a unique value in atomic mode changes it in place, as
+/// `Arc`'s (no clone: `T::clone` would panic).
+#[test]
+fn make_mut_of_a_unique_value_does_not_clone() {
+    struct NoClone(u32);
+    impl Clone for NoClone {
+        fn clone(&self) -> Self {
+            panic!("make_mut cloned a unique value")
+        }
+    }
+    let mut x = Shared::new(NoClone(1));
+    Shared::make_mut(&mut x).0 = 2;
+    let p = Shared::as_ptr(&x);
+    Shared::make_mut(&mut x).0 = 3;
+    assert_eq!((x.0, Shared::as_ptr(&x)), (3, p));
+}
+
+#[test]
+fn test_strong_count() {
+    for promote in [false, true] {
+        let a = made(0u32, promote);
+        assert_eq!(Shared::strong_count(&a), 1);
+        let w = Shared::downgrade(&a);
+        assert_eq!(Shared::strong_count(&a), 1);
+        let b = w.upgrade().expect("");
+        assert_eq!(Shared::strong_count(&b), 2);
+        assert_eq!(Shared::strong_count(&a), 2);
+        drop(w);
+        drop(a);
+        assert_eq!(Shared::strong_count(&b), 1);
+        let c = b.clone();
+        assert_eq!(Shared::strong_count(&b), 2);
+        assert_eq!(Shared::strong_count(&c), 2);
+    }
+}
+
+/// A promoted value's count, quiescent, after many clones on several
+/// threads (each thread's counts are in its CPU's slot): exact.
+#[test]
+fn strong_count_of_a_promoted_value_sums_every_cpu() {
+    let a = made(0u32, true);
+    let held: Vec<Shared<u32>> = thread::scope(|s| {
+        let hs: Vec<_> = (0..4)
+            .map(|_| s.spawn(|| (0..100).map(|_| a.clone()).collect::<Vec<_>>()))
+            .collect();
+        hs.into_iter().flat_map(|h| h.join().unwrap()).collect()
+    });
+    assert_eq!(Shared::strong_count(&a), 401);
+    drop(held);
+    assert_eq!(Shared::strong_count(&a), 1);
+}
+
+#[test]
+fn test_weak_count() {
+    for promote in [false, true] {
+        let a = made(0u32, promote);
+        assert_eq!(Shared::strong_count(&a), 1);
+        assert_eq!(Shared::weak_count(&a), 0);
+        let w = Shared::downgrade(&a);
+        assert_eq!(Shared::strong_count(&a), 1);
+        assert_eq!(Shared::weak_count(&a), 1);
+        let x = w.clone();
+        assert_eq!(Shared::weak_count(&a), 2);
+        drop(w);
+        drop(x);
+        assert_eq!(Shared::strong_count(&a), 1);
+        assert_eq!(Shared::weak_count(&a), 0);
+        let c = a.clone();
+        assert_eq!(Shared::strong_count(&a), 2);
+        assert_eq!(Shared::weak_count(&a), 0);
+        let d = Shared::downgrade(&c);
+        assert_eq!(Shared::weak_count(&c), 1);
+        assert_eq!(Shared::strong_count(&c), 2);
+        drop(a);
+        drop(c);
+        drop(d);
+    }
+}
+
+/// `weak_count` never shows the lock that `get_mut` holds for an instant,
+/// and a `downgrade` waits for it: one thread calls `get_mut` over and over
+/// (it locks the count each time, then finds the other handle), another
+/// reads the count and makes and drops `Weak`s.
+#[test]
+fn test_weak_count_locked() {
+    let mut a = Shared::new(std::sync::atomic::AtomicBool::new(false));
+    let a2 = a.clone();
+    let t = thread::spawn(move || {
+        for _ in 0..if cfg!(miri) { 300 } else { 1_000_000 } {
+            assert!(Shared::weak_count(&a2) <= 1, "weak_count showed the lock");
+            drop(Shared::downgrade(&a2));
+        }
+        a2.store(true, SeqCst);
+        a2 // kept until joined: `a` is not unique before
+    });
+    while !a.load(SeqCst) {
+        assert!(Shared::get_mut(&mut a).is_none());
+    }
+    drop(t.join().unwrap());
+    assert!(Shared::get_mut(&mut a).is_some());
+    assert_eq!(Shared::weak_count(&a), 0);
 }

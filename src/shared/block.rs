@@ -116,6 +116,11 @@ const _: () = assert!(PROMOTE_AFTER.is_power_of_two() && PROMOTING < ONE && PROM
 // The tag needs the ref's address to be even (it is aligned to 16 bytes).
 const _: () = assert!(std::mem::align_of::<PercpuRef>() > TAGGED);
 
+/// The allocation count while [`Block::is_unique`] holds it locked (as
+/// `Arc`'s weak count): a `downgrade` waits, so no `Weak` can appear
+/// between its two loads.
+pub(super) const UNITS_LOCKED: usize = usize::MAX;
+
 /// The references counted in a state word that is not tagged.
 #[inline(always)]
 fn count(w: usize) -> usize {
@@ -307,6 +312,88 @@ impl<T> Block<T> {
                 }
                 return true;
             }
+        }
+    }
+
+    /// Whether the caller's handle is the value's only reference and no
+    /// `Weak` exists, as `Arc::is_unique`: exact in the word; false once
+    /// promoted (the count is per CPU: knowing it exactly takes a grace
+    /// period). The caller holds a reference and `&mut` of its handle, so
+    /// no clone of it can run meanwhile.
+    pub(super) fn is_unique(&self) -> bool {
+        // The allocation count locked first: once it is, no `Weak` exists
+        // and none can be made (`downgrade` waits), so no upgrade can add to
+        // the count between the check below and the caller's use of `T`.
+        // Acquire: a `Weak` dropped before this read its `T` under an
+        // upgrade; its release (the unit's `fetch_sub`) orders that read
+        // before the caller's writes.
+        // mutant shared_get_mut_ignores_weak: no look at the allocation
+        // count (a `Weak` of a value whose other handles are gone upgrades
+        // and reads `T` while the caller writes it).
+        if mutated!("shared_get_mut_ignores_weak") {
+            // ordering-audit: mutant only (shared_get_mut_ignores_weak).
+            let w = self.state.load(Ordering::Acquire);
+            return w & TAGGED == 0 && count(w) == 1;
+        }
+        if self
+            .units
+            .compare_exchange(1, UNITS_LOCKED, Ordering::Acquire, Ordering::Relaxed)
+            .is_err()
+        {
+            return false;
+        }
+        // Acquire: the other handles' drops released their reads of `T`
+        // with their compare-and-swaps on the word (as `Arc`'s strong count).
+        // mutant shared_get_mut_check_relaxed: the check reads the word
+        // relaxed (another handle's read of `T` before its drop is not
+        // ordered before the caller's writes).
+        #[cfg(not(percpu_ref_mutant = "shared_get_mut_check_relaxed"))]
+        let check = Ordering::Acquire;
+        #[cfg(percpu_ref_mutant = "shared_get_mut_check_relaxed")]
+        let check = Ordering::Relaxed;
+        let w = self.state.load(check);
+        let unique = w & TAGGED == 0 && count(w) == 1;
+        // ordering-audit: kept: Release (as `Arc::is_unique`'s unlock): the
+        // check's load above stays before the unlock, so it cannot read a
+        // drop by a handle whose `downgrade` read the unlocked count (and
+        // whose `Weak` may upgrade and read `T` under the caller's `&mut`).
+        // That is the load-buffering shape, a load reading a store that
+        // follows it causally, which loom does not model (it never returns
+        // a value stored later in its schedule).
+        self.units.store(1, Ordering::Release);
+        unique
+    }
+
+    /// The strong count, as `Arc::strong_count`: exact in the word (a
+    /// snapshot); once promoted, a racy sum of the ref's counts, exact
+    /// only while no handle is cloned or dropped (the engine's stand-in
+    /// not counted).
+    pub(super) fn strong_count(&self) -> usize {
+        // ordering-audit: kept: Acquire, as `get`'s first load (the ref's
+        // publication); no model asks `strong_count`.
+        let w = self.state.load(Ordering::Acquire);
+        if w & TAGGED == 0 {
+            return count(w);
+        }
+        // SAFETY: tagged; `self` is borrowed from a handle.
+        let r = unsafe { ref_at(w) };
+        let n = r.count_snapshot();
+        let n = if r.is_managed() {
+            n.saturating_sub(1)
+        } else {
+            n
+        };
+        usize::try_from(n).unwrap_or(usize::MAX)
+    }
+
+    /// The `Weak`s, as `Arc::weak_count`: a snapshot, 0 while the count
+    /// is locked by [`is_unique`](Self::is_unique) (there are none then).
+    /// The caller holds a reference (so the strong count holds one unit).
+    pub(super) fn weak_count(&self) -> usize {
+        // ordering-audit: Relaxed: a snapshot, as `Arc::weak_count`'s.
+        match self.units.load(Ordering::Relaxed) {
+            UNITS_LOCKED => 0,
+            u => u - 1,
         }
     }
 

@@ -231,6 +231,128 @@ impl<T> Shared<T> {
     }
 }
 
+impl<T> Shared<T> {
+    /// `&mut T` if this is the value's only handle and no [`Weak`] exists,
+    /// as `Arc::get_mut`; `None` otherwise, **and also once the value was
+    /// promoted**: its count is per CPU, and an exact one would take a
+    /// switch to atomic mode (a grace period). An unpromoted value's check
+    /// is `Arc`'s (a compare-and-swap on the allocation count, which a
+    /// concurrent [`downgrade`](Self::downgrade) waits for, and a load).
+    /// [`make_mut`](Self::make_mut) never fails: it clones `T` instead.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use percpu_ref::shared::Shared;
+    /// let mut s = Shared::new(3);
+    /// *Shared::get_mut(&mut s).unwrap() = 4;
+    /// assert_eq!(*s, 4);
+    /// let other = s.clone();
+    /// assert!(Shared::get_mut(&mut s).is_none()); // not the only handle
+    /// drop(other);
+    /// assert!(Shared::get_mut(&mut s).is_some());
+    /// Shared::promote(&s);
+    /// if Shared::is_percpu(&s) {
+    ///     assert!(Shared::get_mut(&mut s).is_none()); // promoted: no exact count
+    /// }
+    /// ```
+    #[must_use]
+    pub fn get_mut(this: &mut Self) -> Option<&mut T> {
+        if this.block().is_unique() {
+            // SAFETY: just checked.
+            Some(unsafe { Shared::value_mut(this) })
+        } else {
+            None
+        }
+    }
+
+    /// `&mut T`, for a handle found unique.
+    ///
+    /// # Safety
+    ///
+    /// No other handle and no `Weak` of the value exist (none can be made
+    /// while `this` is borrowed mutably).
+    unsafe fn value_mut(this: &mut Self) -> &mut T {
+        // SAFETY: the caller's promise; `ptr` has the block's own provenance
+        // (`alloc`'s `Box::into_raw`), writable, and `T` is alive (our
+        // reference). Only `value` is borrowed.
+        unsafe { &mut *std::ptr::addr_of_mut!((*this.ptr.as_ptr()).value) }
+    }
+
+    /// The number of `Shared`s of this value, as `Arc::strong_count`: a
+    /// snapshot, exact for a value in atomic mode. Once promoted it is a
+    /// racy sum of the per-CPU counts, exact only while no handle of the
+    /// value is cloned or dropped (it may then be off by the operations in
+    /// flight, as the engine's own guess; it is never the basis of a
+    /// release). For diagnostics and tests.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use percpu_ref::shared::Shared;
+    /// let s = Shared::new(0);
+    /// let t = s.clone();
+    /// assert_eq!(Shared::strong_count(&s), 2);
+    /// Shared::promote(&s);
+    /// assert_eq!(Shared::strong_count(&s), 2); // quiescent: exact
+    /// drop(t);
+    /// assert_eq!(Shared::strong_count(&s), 1);
+    /// ```
+    #[must_use]
+    pub fn strong_count(this: &Self) -> usize {
+        this.block().strong_count()
+    }
+
+    /// The number of [`Weak`]s of this value, as `Arc::weak_count`: a
+    /// snapshot (0 while a [`get_mut`](Self::get_mut) holds the count,
+    /// when there are none).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use percpu_ref::shared::Shared;
+    /// let s = Shared::new(0);
+    /// let w = Shared::downgrade(&s);
+    /// assert_eq!(Shared::weak_count(&s), 1);
+    /// drop(w);
+    /// assert_eq!(Shared::weak_count(&s), 0);
+    /// ```
+    #[must_use]
+    pub fn weak_count(this: &Self) -> usize {
+        this.block().weak_count()
+    }
+}
+
+impl<T: Clone + Send + 'static> Shared<T> {
+    /// `&mut T`, cloning `T` into a new value first unless this is its only
+    /// handle and no [`Weak`] exists (clone-on-write), as `Arc::make_mut`.
+    /// A promoted value is always cloned ([`get_mut`](Self::get_mut) cannot
+    /// know that it is unique); the clone starts unpromoted, so the next
+    /// `make_mut` on it is `Arc`'s. Where `Arc` moves a unique value away
+    /// from its `Weak`s, this clones it and drops the original (the `Weak`s
+    /// end up the same: dangling).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use percpu_ref::shared::Shared;
+    /// let mut a = Shared::new(vec![1]);
+    /// let b = a.clone();
+    /// Shared::make_mut(&mut a).push(2); // cloned: `b` is shared
+    /// Shared::make_mut(&mut a).push(3); // unique now: no clone
+    /// assert_eq!(*a, [1, 2, 3]);
+    /// assert_eq!(*b, [1]);
+    /// ```
+    pub fn make_mut(this: &mut Self) -> &mut T {
+        if !this.block().is_unique() {
+            *this = Shared::new(T::clone(this));
+        }
+        // SAFETY: found unique, or a value just made, whose one handle is
+        // `this`, with no `Weak`.
+        unsafe { Shared::value_mut(this) }
+    }
+}
+
 impl<T> Clone for Shared<T> {
     /// A get: per CPU once promoted, one atomic add before (counted toward
     /// promotion). Inlined whole, as `PercpuRef::get` (scripts/callgrind-pair

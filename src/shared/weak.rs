@@ -1,6 +1,6 @@
 //! [`Weak`], the handle that keeps the allocation but not `T`.
 
-use super::block::{drop_unit, value_ptr, Block};
+use super::block::{drop_unit, value_ptr, Block, UNITS_LOCKED};
 use super::Shared;
 use crate::sync::Ordering;
 use std::fmt;
@@ -51,12 +51,48 @@ impl<T> Weak<T> {
     }
 
     /// One more allocation unit of the block at `p`, which the caller's
-    /// handle keeps alive.
+    /// handle keeps alive; waits while `Shared::get_mut` holds the count
+    /// locked (only a `downgrade` can meet it: a `Weak`'s clone holds a
+    /// unit, and the lock is taken only when there is none but the
+    /// strong count's).
     pub(super) fn new_unit(p: NonNull<Block<T>>) -> Self {
         // SAFETY: the caller's handle keeps the block alive; only the field
         // is borrowed (`T` may be being dropped when a `Weak` is cloned).
-        // Relaxed: a new unit from an existing one, as `Arc::downgrade`.
-        unsafe { (*p.as_ptr()).units.fetch_add(1, Ordering::Relaxed) };
+        let units = unsafe { &(*p.as_ptr()).units };
+        // mutant shared_downgrade_ignores_lock: a downgrade adds to the
+        // allocation count even while `get_mut` holds it locked (its unit is
+        // lost in the unlock, and its upgrade reads `T` while the `&mut`
+        // writes it).
+        if mutated!("shared_downgrade_ignores_lock") {
+            // ordering-audit: mutant only (shared_downgrade_ignores_lock).
+            units.fetch_add(1, Ordering::Relaxed);
+        } else {
+            // ordering-audit: Relaxed: the first read, checked by the
+            // compare-and-swap.
+            let mut u = units.load(Ordering::Relaxed);
+            loop {
+                if u == UNITS_LOCKED {
+                    crate::sync::spin_wait();
+                    // ordering-audit: Relaxed: as the first read.
+                    u = units.load(Ordering::Relaxed);
+                    continue;
+                }
+                assert!(
+                    u < UNITS_LOCKED - 1,
+                    "percpu_ref::shared::Shared::downgrade: the value has {u} allocation units, the most it can count"
+                );
+                // ordering-audit: kept: Acquire (as `Arc::downgrade`): a
+                // `get_mut` that unlocked the count (release) finished its
+                // check before this unit exists (the load-buffering shape
+                // of the unlock's justification in `Block::is_unique`,
+                // which loom does not model); otherwise a new unit from an
+                // existing one.
+                match units.compare_exchange_weak(u, u + 1, Ordering::Acquire, Ordering::Relaxed) {
+                    Ok(_) => break,
+                    Err(now) => u = now,
+                }
+            }
+        }
         Weak {
             ptr: Some(p),
             _owns: PhantomData,
