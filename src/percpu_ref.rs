@@ -463,13 +463,13 @@ impl PercpuRef {
     /// only while nobody gets or puts. Saturated (a miscounted ref):
     /// `u64::MAX`.
     pub(crate) fn count_snapshot(&self) -> u64 {
+        use crate::atomic_mode::{zone, Zone, BIAS};
         let c = self.count.load();
-        match crate::atomic_mode::zone(c) {
-            crate::atomic_mode::Zone::Biased => c
-                .wrapping_sub(crate::atomic_mode::BIAS)
-                .wrapping_add(self.counters.racy_sum()),
-            crate::atomic_mode::Zone::Saturated => u64::MAX,
-            _ => self.count.true_count().unwrap_or(u64::MAX),
+        match zone(c) {
+            Zone::Biased => c.wrapping_sub(BIAS).wrapping_add(self.counters.racy_sum()),
+            Zone::Zero | Zone::Released => 0,
+            Zone::Live => c,
+            Zone::Saturated => u64::MAX,
         }
     }
 

@@ -42,14 +42,19 @@ use std::thread;
 /// Runs `f` with a constructor of fresh values in atomic mode, then with
 /// one of promoted values (where the backend can promote).
 fn both(f: impl Fn(&dyn Fn(usize) -> Shared<Canary>)) {
-    f(&|v| Shared::new(Canary::new(v)));
-    f(&|v| {
-        let s = Shared::new(Canary::new(v));
+    f(&|v| made(Canary::new(v), false));
+    f(&|v| made(Canary::new(v), true));
+}
+
+/// A value made in atomic mode, or promoted (where the backend can).
+fn made<T: Send + 'static>(v: T, promote: bool) -> Shared<T> {
+    let s = Shared::new(v);
+    if promote {
         let promoted = Shared::promote(&s);
         assert!(promoted || percpu_ref::backend() != Backend::Rseq);
         assert_eq!(Shared::is_percpu(&s), promoted);
-        s
-    });
+    }
+    s
 }
 
 /// A value whose drops are counted (`Arc`'s tests use one of their own).
@@ -343,15 +348,6 @@ fn variance() {
     let s = shorten(Shared::new("static"));
     assert_eq!(*s, "static");
     assert!(shorten_weak(Weak::new()).upgrade().is_none());
-}
-
-/// A value made in atomic mode, or promoted (where the backend can).
-fn made<T: Send + 'static>(v: T, promote: bool) -> Shared<T> {
-    let s = Shared::new(v);
-    if promote {
-        assert!(Shared::promote(&s) || percpu_ref::backend() != Backend::Rseq);
-    }
-    s
 }
 
 #[test]

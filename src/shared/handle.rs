@@ -123,7 +123,7 @@ impl<T> Shared<T> {
     /// ```
     #[must_use = "a Weak that is dropped at once does nothing"]
     pub fn downgrade(this: &Self) -> Weak<T> {
-        Weak::new_unit(this.ptr)
+        Weak::downgraded(this.ptr)
     }
 
     /// Whether two handles point to the same value, as `Arc::ptr_eq`.

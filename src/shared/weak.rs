@@ -50,49 +50,58 @@ impl<T> Weak<T> {
         }
     }
 
-    /// One more allocation unit of the block at `p`, which the caller's
-    /// handle keeps alive; waits while `Shared::get_mut` holds the count
-    /// locked (only a `downgrade` can meet it: a `Weak`'s clone holds a
-    /// unit, and the lock is taken only when there is none but the
-    /// strong count's).
-    pub(super) fn new_unit(p: NonNull<Block<T>>) -> Self {
-        // SAFETY: the caller's handle keeps the block alive; only the field
-        // is borrowed (`T` may be being dropped when a `Weak` is cloned).
+    /// One more allocation unit of the block at `p`, for a `Shared`'s
+    /// `downgrade`: waits while `Shared::get_mut` holds the count locked.
+    pub(super) fn downgraded(p: NonNull<Block<T>>) -> Self {
+        // SAFETY: the caller's `Shared` keeps the block alive; only the
+        // field is borrowed.
         let units = unsafe { &(*p.as_ptr()).units };
         // mutant shared_downgrade_ignores_lock: a downgrade adds to the
         // allocation count even while `get_mut` holds it locked (its unit is
         // lost in the unlock, and its upgrade reads `T` while the `&mut`
         // writes it).
         if mutated!("shared_downgrade_ignores_lock") {
-            // ordering-audit: mutant only (shared_downgrade_ignores_lock).
-            units.fetch_add(1, Ordering::Relaxed);
-        } else {
-            // ordering-audit: Relaxed: the first read, checked by the
-            // compare-and-swap.
-            let mut u = units.load(Ordering::Relaxed);
-            loop {
-                if u == UNITS_LOCKED {
-                    crate::sync::spin_wait();
-                    // ordering-audit: Relaxed: as the first read.
-                    u = units.load(Ordering::Relaxed);
-                    continue;
-                }
-                assert!(
-                    u < UNITS_LOCKED - 1,
-                    "percpu_ref::shared::Shared::downgrade: the value has {u} allocation units, the most it can count"
-                );
-                // ordering-audit: kept: Acquire (as `Arc::downgrade`): a
-                // `get_mut` that unlocked the count (release) finished its
-                // check before this unit exists (the load-buffering shape
-                // of the unlock's justification in `Block::is_unique`,
-                // which loom does not model); otherwise a new unit from an
-                // existing one.
-                match units.compare_exchange_weak(u, u + 1, Ordering::Acquire, Ordering::Relaxed) {
-                    Ok(_) => break,
-                    Err(now) => u = now,
-                }
+            return Weak::new_unit(p);
+        }
+        // ordering-audit: Relaxed: the first read, checked by the
+        // compare-and-swap.
+        let mut u = units.load(Ordering::Relaxed);
+        loop {
+            if u == UNITS_LOCKED {
+                crate::sync::spin_wait();
+                // ordering-audit: Relaxed: as the first read.
+                u = units.load(Ordering::Relaxed);
+                continue;
+            }
+            assert!(
+                u < UNITS_LOCKED - 1,
+                "percpu_ref::shared::Shared::downgrade: the value has {u} allocation units, the most it can count"
+            );
+            // ordering-audit: kept: Acquire (as `Arc::downgrade`): a
+            // `get_mut` that unlocked the count (release) finished its
+            // check before this unit exists (the load-buffering shape of
+            // the unlock's justification in `Block::is_unique`, which loom
+            // does not model); otherwise a new unit from an existing one.
+            match units.compare_exchange_weak(u, u + 1, Ordering::Acquire, Ordering::Relaxed) {
+                Ok(_) => break,
+                Err(now) => u = now,
             }
         }
+        Weak {
+            ptr: Some(p),
+            _owns: PhantomData,
+        }
+    }
+
+    /// One more allocation unit of the block at `p`, for a `Weak`'s clone,
+    /// whose own unit keeps the block alive and the count off the lock
+    /// (`get_mut` locks it only when the strong count's unit is the only
+    /// one).
+    fn new_unit(p: NonNull<Block<T>>) -> Self {
+        // SAFETY: the caller's `Weak` keeps the block alive; only the field
+        // is borrowed (`T` may be being dropped).
+        // Relaxed: a new unit from an existing one, as `Weak::clone`'s.
+        unsafe { (*p.as_ptr()).units.fetch_add(1, Ordering::Relaxed) };
         Weak {
             ptr: Some(p),
             _owns: PhantomData,
