@@ -704,14 +704,13 @@ fn shared_get_mut_vs_upgrade(backend: Backend) {
     shared_done(&drops);
 }
 
-/// `Shared::get_mut` after another handle read `T` and was dropped, seen
-/// through a relaxed flag (no `Weak`, so the allocation count orders
-/// nothing): the check's acquire of the word orders that read before the
-/// caller's write (the check's load weakened to relaxed is caught here).
-fn shared_get_mut_after_other_drop(backend: Backend) {
-    let drops = Arc::new(AtomicUsize::new(0));
-    let mut v = percpu_ref::loom_support::shared_on(Canary::new(&drops), backend);
-    let c = v.clone();
+/// A thread that reads the value through `c` and drops it, then upgrades
+/// `w` (if any) and reads again; returns once the drop is seen through a
+/// relaxed flag (which orders nothing: only the count can).
+fn spawn_read_and_drop(
+    c: Shared<Canary>,
+    w: Option<percpu_ref::shared::Weak<Canary>>,
+) -> thread::JoinHandle<()> {
     let dropped = Arc::new(AtomicBool::new(false));
     let t = thread::spawn({
         let dropped = dropped.clone();
@@ -719,11 +718,26 @@ fn shared_get_mut_after_other_drop(backend: Backend) {
             c.read();
             drop(c);
             dropped.store(true, Relaxed);
+            if let Some(u) = w.as_ref().and_then(percpu_ref::shared::Weak::upgrade) {
+                u.read();
+            }
+            drop(w);
         }
     });
     while !dropped.load(Relaxed) {
         thread::yield_now();
     }
+    t
+}
+
+/// `Shared::get_mut` after another handle read `T` and was dropped, seen
+/// through a relaxed flag (no `Weak`, so the allocation count orders
+/// nothing): the check's acquire of the word orders that read before the
+/// caller's write (the check's load weakened to relaxed is caught here).
+fn shared_get_mut_after_other_drop(backend: Backend) {
+    let drops = Arc::new(AtomicUsize::new(0));
+    let mut v = percpu_ref::loom_support::shared_on(Canary::new(&drops), backend);
+    let t = spawn_read_and_drop(v.clone(), None);
     // `None` where the check reads the count from before the drop (the
     // relaxed flag orders nothing).
     if let Some(m) = Shared::get_mut(&mut v) {
@@ -733,6 +747,30 @@ fn shared_get_mut_after_other_drop(backend: Backend) {
     }
     t.join().unwrap();
     drop(v);
+    shared_done(&drops);
+}
+
+/// `Shared::try_unwrap` after another handle read `T`, was dropped (seen
+/// through a relaxed flag) and had downgraded first: its `Weak` upgrades
+/// and reads `T` in the meantime. `T` is moved out only with the count at
+/// one, in one compare-and-swap that fails against the upgrade
+/// (`shared_take_last_by_store`), and the compare-and-swap acquires the
+/// dropped handle's read (`shared_take_last_relaxed`): loom sees either
+/// read unordered with the write to the moved-out value otherwise.
+fn shared_try_unwrap_vs_drop_and_upgrade(backend: Backend) {
+    let drops = Arc::new(AtomicUsize::new(0));
+    let v = percpu_ref::loom_support::shared_on(Canary::new(&drops), backend);
+    let w = Shared::downgrade(&v);
+    let t = spawn_read_and_drop(v.clone(), Some(w));
+    match Shared::try_unwrap(v) {
+        Ok(value) => {
+            // SAFETY: `try_unwrap` moved the value out: no handle can read it.
+            value.cell.with_mut(|x| unsafe { *x = 1 });
+            drop(value);
+        }
+        Err(v) => drop(v),
+    }
+    t.join().unwrap();
     shared_done(&drops);
 }
 
@@ -783,4 +821,5 @@ models! {
     owned_tryget_vs_last_put_after_kill: preemptions 2, backends [sharded];
     shared_get_mut_vs_upgrade: preemptions 2, backends [sharded];
     shared_get_mut_after_other_drop: preemptions 2, backends [sharded];
+    shared_try_unwrap_vs_drop_and_upgrade: preemptions 2, backends [sharded];
 }

@@ -34,7 +34,8 @@
 //! # Where `T` is dropped
 //!
 //! By the last `Shared`'s drop, on its thread, while the value is in atomic
-//! mode (never promoted, or on the sharded backend). Once promoted: on the
+//! mode (never promoted, or on the sharded backend), unless
+//! [`Shared::try_unwrap`] moved it out of its last handle. Once promoted: on the
 //! grace-period engine's thread, about 3 ms (three engine rounds, each
 //! [`batch_delay`](crate::batch_delay) and a grace period; set it with
 //! [`set_batch_delay`](crate::set_batch_delay)) after the last `Shared`
@@ -51,12 +52,12 @@
 //! | `Arc::new`, `From<T>`, `Default` | the same (`T: Send + 'static`) |
 //! | `Clone`, `Drop`, `Deref` | the same; per CPU once promoted |
 //! | `Arc::downgrade`, `Weak::upgrade`, `Weak::new` | the same; an upgrade of a promoted value succeeds until the engine dropped it (it revives the value), not only until the last `Shared` is gone |
-//! | `ptr_eq`, `as_ptr`, `into_raw`, `from_raw` | the same |
+//! | `ptr_eq`, `as_ptr`, `into_raw`, `from_raw` (of `Arc` and of `Weak`) | the same |
 //! | `Debug`, `Display`, `{:p}`, `Hash`, `==`, `<`, `Borrow`, `AsRef` | the same, delegated to `T` |
 //! | `Send`, `Sync`, `Unpin`, `UnwindSafe` | the same conditions |
-//! | `strong_count`, `weak_count` | the same (snapshots); a promoted value's strong count is a racy sum of its per-CPU counts, exact while nobody clones or drops it |
-//! | `get_mut`, `make_mut` | the same for a value in atomic mode (`Arc`'s lock on the allocation count); on a promoted one `get_mut` is `None` and `make_mut` clones `T` (an exact count of a promoted value takes a grace period) |
-//! | `try_unwrap`, `into_inner`, `unwrap_or_clone` | absent, for the same reason: use [`Owner`](crate::Owner) (kill, then [`Killed::wait`](crate::Killed::wait) takes `T` back; [`Owner::freeze`](crate::Owner::freeze) gives `&mut T`), or clone `T` |
+//! | `strong_count`, `weak_count`, `Weak::strong_count`, `Weak::weak_count` | the same (snapshots); a promoted value's strong count is a racy sum of its per-CPU counts, exact while nobody clones or drops it |
+//! | `get_mut`, `make_mut`, `try_unwrap`, `unwrap_or_clone` | the same for a value in atomic mode (`Arc`'s lock on the allocation count; `Arc`'s compare-and-swap of the count from one to zero); on a promoted one `get_mut` is `None`, `try_unwrap` fails, and `make_mut` and `unwrap_or_clone` clone `T` (an exact count of a promoted value takes a grace period) |
+//! | `into_inner` | absent: for a promoted value only the engine learns which drop was the last. Use [`Owner`](crate::Owner) (kill, then [`Killed::wait`](crate::Killed::wait) takes `T` back; [`Owner::freeze`](crate::Owner::freeze) gives `&mut T`), or `unwrap_or_clone` |
 //! | `T: ?Sized` (`Arc<str>`, `Arc<dyn Trait>`), `new_cyclic`, allocators | absent: `Shared<Box<dyn Trait>>` or `Shared<String>` |
 //!
 //! # Performance

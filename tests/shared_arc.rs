@@ -7,15 +7,15 @@
 //! engine a few milliseconds after its last handle.
 //!
 //! Tests that cannot apply, and why:
-//! - `try_unwrap`, `into_inner`, `into_inner_and_try_unwrap_race`: absent
-//!   (an exact count of a promoted value takes a grace period; module
-//!   docs: use `Owner`'s kill and `Killed::wait`).
+//! - `into_inner`, `into_inner_and_try_unwrap_race`: no `into_inner` (for
+//!   a promoted value only the engine learns which drop was the last;
+//!   module docs: use `Owner`'s kill and `Killed::wait`).
 //! - `make_mut_unsized`: `T: ?Sized` is not supported (below).
-//! - `weak_counts`: no `Weak::strong_count` / `Weak::weak_count`.
 //!
 //! Where `Shared` differs on purpose, the test says so: `get_mut` is `None`
-//! on a promoted value (unique or not), so `make_mut` clones it; the
-//! `make_mut` tests check the values std's check, on both kinds.
+//! on a promoted value (unique or not), so `make_mut` clones it, and
+//! `try_unwrap` fails on it (so `unwrap_or_clone` clones); the `make_mut`
+//! and `unwrap_or_clone` tests check the values std's check, on both kinds.
 //! - `test_unsized`, `test_maybe_thin_unsized`, `test_into_from_raw_unsized`,
 //!   `test_into_from_weak_raw_unsized`, `test_from_str`,
 //!   `test_copy_from_slice`, `test_clone_from_slice`,
@@ -24,7 +24,6 @@
 //!   `slice`, `trait_object`: `T: ?Sized` is not supported.
 //! - `weak_self_cyclic`, `test_arc_cyclic_*`, `test_arc_new_cyclic_*`: no
 //!   `new_cyclic`.
-//! - `into_from_weak_raw`: no `Weak::into_raw`.
 //! - allocator tests (`Arc::new_in`, `allocator_api`): no allocators.
 //! - `eq` (the `Eq` specialisation that skips `T::eq` for one pointer):
 //!   a nightly specialisation; `Shared` always compares `T`.
@@ -521,4 +520,170 @@ fn test_weak_count_locked() {
     drop(t.join().unwrap());
     assert!(Shared::get_mut(&mut a).is_some());
     assert_eq!(Shared::weak_count(&a), 0);
+}
+
+#[test]
+fn try_unwrap() {
+    let x = Shared::new(3);
+    assert_eq!(Shared::try_unwrap(x), Ok(3));
+    let x = Shared::new(4);
+    let _y = x.clone();
+    assert_eq!(Shared::try_unwrap(x), Err(Shared::new(4)));
+    let x = Shared::new(5);
+    let _w = Shared::downgrade(&x);
+    assert_eq!(Shared::try_unwrap(x), Ok(5));
+}
+
+/// Differs from `Arc`: a promoted value is never unwrapped (its count is
+/// per CPU), not even its only handle.
+#[test]
+fn try_unwrap_of_a_promoted_value_fails() {
+    let x = made(3, true);
+    if Shared::is_percpu(&x) {
+        let x = Shared::try_unwrap(x).unwrap_err();
+        assert_eq!(Shared::strong_count(&x), 1);
+    }
+}
+
+/// The value moved out is not dropped by the block (once, by its new
+/// owner), the block is freed with the last `Weak`, and the `Weak`s fail
+/// to upgrade from the unwrap on.
+#[test]
+fn try_unwrap_moves_the_value_out_once() {
+    let x = Shared::new(Canary::new(7));
+    let drops = x.drops.clone();
+    let w = Shared::downgrade(&x);
+    let c = Shared::try_unwrap(x).ok().expect("the only handle");
+    assert_eq!((c.v, drops.load(SeqCst)), (7, 0));
+    assert!(w.upgrade().is_none());
+    assert_eq!((w.strong_count(), w.weak_count()), (0, 0));
+    drop(w);
+    assert_eq!(drops.load(SeqCst), 0);
+    drop(c);
+    assert_eq!(drops.load(SeqCst), 1);
+}
+
+/// The last of many handles dropped on several threads while the main one
+/// unwraps in a loop: it succeeds once the others are gone, and the value
+/// is dropped once, by the test.
+#[test]
+fn try_unwrap_after_other_threads_drop() {
+    let rounds = if cfg!(miri) { 3 } else { 2_000 };
+    for _ in 0..rounds {
+        let mut x = Shared::new(Canary::new(1));
+        let drops = x.drops.clone();
+        let hs: Vec<_> = (0..3)
+            .map(|_| {
+                let y = x.clone();
+                thread::spawn(move || drop(y))
+            })
+            .collect();
+        let value = loop {
+            match Shared::try_unwrap(x) {
+                Ok(v) => break v,
+                Err(back) => {
+                    x = back;
+                    thread::yield_now();
+                }
+            }
+        };
+        for h in hs {
+            h.join().unwrap();
+        }
+        assert_eq!(drops.load(SeqCst), 0);
+        drop(value);
+        assert_eq!(drops.load(SeqCst), 1);
+    }
+}
+
+#[test]
+fn test_unwrap_or_clone() {
+    for promote in [false, true] {
+        let a = made(5, promote);
+        assert_eq!(Shared::unwrap_or_clone(a), 5);
+        let a = made(5, promote);
+        let _b = Shared::clone(&a);
+        assert_eq!(Shared::unwrap_or_clone(a), 5);
+        let a = made(5, promote);
+        let _w = Shared::downgrade(&a);
+        assert_eq!(Shared::unwrap_or_clone(a), 5);
+    }
+}
+
+#[test]
+fn weak_counts() {
+    assert_eq!(Weak::weak_count(&Weak::<u64>::new()), 0);
+    assert_eq!(Weak::strong_count(&Weak::<u64>::new()), 0);
+    for promote in [false, true] {
+        let a = made(0u64, promote);
+        let w = Shared::downgrade(&a);
+        assert_eq!(Weak::strong_count(&w), 1);
+        assert_eq!(Weak::weak_count(&w), 1);
+        let w2 = w.clone();
+        assert_eq!(Weak::strong_count(&w), 1);
+        assert_eq!(Weak::weak_count(&w), 2);
+        assert_eq!(Weak::strong_count(&w2), 1);
+        assert_eq!(Weak::weak_count(&w2), 2);
+        drop(w);
+        assert_eq!(Weak::strong_count(&w2), 1);
+        assert_eq!(Weak::weak_count(&w2), 1);
+        let a2 = a.clone();
+        assert_eq!(Weak::strong_count(&w2), 2);
+        assert_eq!(Weak::weak_count(&w2), 1);
+        drop(a2);
+        drop(a);
+        // A promoted value waiting for the engine counts no `Shared` (and
+        // so no `Weak`) already; dropped, the same.
+        assert_eq!(Weak::strong_count(&w2), 0);
+        assert_eq!(Weak::weak_count(&w2), 0);
+        percpu_ref::flush();
+        assert_eq!(Weak::strong_count(&w2), 0);
+        assert_eq!(Weak::weak_count(&w2), 0);
+        drop(w2);
+    }
+}
+
+#[test]
+fn into_from_weak_raw() {
+    for promote in [false, true] {
+        let x = made(Box::new("hello"), promote);
+        let y = Shared::downgrade(&x);
+        let y_ptr = Weak::into_raw(y);
+        // SAFETY: `x` keeps the value alive; `y_ptr` is from `into_raw`, once.
+        unsafe {
+            assert_eq!(**y_ptr, "hello");
+            let y = Weak::from_raw(y_ptr);
+            let y_up = Weak::upgrade(&y).unwrap();
+            assert_eq!(**y_up, "hello");
+            drop(y_up);
+            if promote && Shared::is_percpu(&x) {
+                // Never unwrapped once promoted: dropped by the engine.
+                drop(Shared::try_unwrap(x).unwrap_err());
+                percpu_ref::flush();
+                assert!(y.upgrade().is_none());
+            } else {
+                assert_eq!(Shared::try_unwrap(x).map(|x| *x), Ok("hello"));
+            }
+        }
+    }
+}
+
+/// A `Weak::new` survives the round trip (std's sentinel address is ours:
+/// `as_ptr`'s dangling one), and a dropped value's `Weak` keeps its block
+/// through it.
+#[test]
+fn weak_raw_of_new_and_of_a_dropped_value() {
+    // SAFETY: each pointer from `into_raw`, once.
+    unsafe {
+        let w = Weak::<u64>::from_raw(Weak::<u64>::new().into_raw());
+        assert!(w.upgrade().is_none() && Weak::ptr_eq(&w, &Weak::new()));
+        let s = Shared::new(Canary::new(3));
+        let drops = s.drops.clone();
+        let p = Shared::downgrade(&s).into_raw();
+        drop(s);
+        assert_eq!(drops.load(SeqCst), 1);
+        let w = Weak::from_raw(p);
+        assert!(w.upgrade().is_none());
+        assert_eq!((w.strong_count(), w.weak_count()), (0, 0));
+    }
 }

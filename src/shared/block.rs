@@ -364,18 +364,71 @@ impl<T> Block<T> {
         unique
     }
 
+    /// Takes the strong count from one to zero if the caller's handle is
+    /// the value's only reference, as `Arc::try_unwrap`: `T` is then the
+    /// caller's to move out, and the caller owes the strong count's unit
+    /// ([`drop_count_unit`]). False once promoted (no exact count without a
+    /// grace period). A `Weak` cannot stop it: its upgrades fail from the
+    /// zero on.
+    pub(super) fn take_last(&self) -> bool {
+        // ordering-audit: Relaxed: a first read, checked by the
+        // compare-and-swap.
+        let w = self.state.load(Ordering::Relaxed);
+        if w & TAGGED != 0 || count(w) != 1 {
+            return false;
+        }
+        // mutant shared_take_last_by_store: the count is zeroed by a store
+        // after the load (an upgrade in between reads `T` after it was
+        // moved out, and its drop takes the count below zero).
+        if mutated!("shared_take_last_by_store") {
+            // ordering-audit: kept: only the mutant's load, as the
+            // compare-and-swap's acquire.
+            let w = self.state.load(Ordering::Acquire);
+            if count(w) != 1 {
+                return false;
+            }
+            // ordering-audit: Relaxed: only the mutant's store.
+            self.state.store(w - ONE, Ordering::Relaxed);
+            return true;
+        }
+        // Acquire: the other handles' drops released their reads of `T`
+        // with their compare-and-swaps on the word (as `Arc::try_unwrap`'s
+        // fence). One try: with one reference, only an upgrade or a
+        // promotion of someone else's handle can change the word, and
+        // either means the count is no longer one.
+        // mutant shared_take_last_relaxed: the compare-and-swap acquires
+        // nothing (another handle's read of `T` before its drop is not
+        // ordered before the caller's use of the value it moved out).
+        #[cfg(not(percpu_ref_mutant = "shared_take_last_relaxed"))]
+        let order = Ordering::Acquire;
+        #[cfg(percpu_ref_mutant = "shared_take_last_relaxed")]
+        let order = Ordering::Relaxed;
+        self.state
+            .compare_exchange(w, w - ONE, order, Ordering::Relaxed)
+            .is_ok()
+    }
+
     /// The strong count, as `Arc::strong_count`: exact in the word (a
     /// snapshot); once promoted, a racy sum of the ref's counts, exact
     /// only while no handle is cloned or dropped (the engine's stand-in
-    /// not counted).
-    pub(super) fn strong_count(&self) -> usize {
+    /// not counted). From a `Weak` too: only the word (and the ref, which
+    /// lives as long as the block) is borrowed, as `T` may be being
+    /// dropped.
+    ///
+    /// # Safety
+    ///
+    /// The caller holds a reference or an allocation unit of `p`.
+    pub(super) unsafe fn strong_count(p: NonNull<Self>) -> usize {
+        // SAFETY: the caller's reference or unit; only the field is borrowed.
+        let state = unsafe { &(*p.as_ptr()).state };
         // ordering-audit: kept: Acquire, as `get`'s first load (the ref's
         // publication); no model asks `strong_count`.
-        let w = self.state.load(Ordering::Acquire);
+        let w = state.load(Ordering::Acquire);
         if w & TAGGED == 0 {
             return count(w);
         }
-        // SAFETY: tagged; `self` is borrowed from a handle.
+        // SAFETY: tagged; the caller's reference or unit keeps the block,
+        // and the ref with it (its per-CPU counters are freed with it).
         let r = unsafe { ref_at(w) };
         let n = r.count_snapshot();
         let n = if r.is_managed() {
@@ -627,6 +680,19 @@ unsafe fn release<T>(ptr: *const ()) {
     // `T` is alive and no handle remains that could read it. `p` has the
     // block's own provenance (`alloc`'s `Box::into_raw`), writable.
     unsafe { ManuallyDrop::drop(&mut *std::ptr::addr_of_mut!((*p).value)) }
+}
+
+/// Drops the strong count's allocation unit after [`Block::take_last`]
+/// moved `T` out (the last unit frees the block).
+///
+/// # Safety
+///
+/// The caller's `take_last` on `p` succeeded and `T` was moved out; the
+/// unit is given up once.
+pub(super) unsafe fn drop_count_unit<T>(p: NonNull<Block<T>>) {
+    // SAFETY: the count reached zero in the word, which was never handed
+    // over (invariant 2): no ref to free; the unit is the caller's.
+    unsafe { drop_unit_of::<T>(p.as_ptr().cast_const().cast(), false) }
 }
 
 /// Drops one allocation unit of a `Block<T>`; the last one frees it (and

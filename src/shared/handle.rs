@@ -1,6 +1,6 @@
 //! [`Shared`], the handle, and the traits it delegates to `T`.
 
-use super::block::{alloc, block, block_of, put_ref, value_ptr, Block};
+use super::block::{alloc, block, block_of, drop_count_unit, put_ref, value_ptr, Block};
 use super::Weak;
 use std::borrow::Borrow;
 use std::cmp::Ordering as CmpOrdering;
@@ -300,7 +300,8 @@ impl<T> Shared<T> {
     /// ```
     #[must_use]
     pub fn strong_count(this: &Self) -> usize {
-        this.block().strong_count()
+        // SAFETY: our reference keeps the block.
+        unsafe { Block::strong_count(this.ptr) }
     }
 
     /// The number of [`Weak`]s of this value, as `Arc::weak_count`: a
@@ -323,7 +324,71 @@ impl<T> Shared<T> {
     }
 }
 
+impl<T> Shared<T> {
+    /// `T`, if this is the value's only handle, as `Arc::try_unwrap`
+    /// (`Weak`s do not stop it: they fail to upgrade from then on); the
+    /// handle back otherwise, **and also once the value was promoted**
+    /// (as [`get_mut`](Self::get_mut): its count is per CPU). It is `Arc`'s
+    /// one compare-and-swap on the count.
+    ///
+    /// `into_inner` (`T` to exactly one of the last handles, whichever
+    /// order they are dropped in) is absent: for a promoted value only the
+    /// engine learns which drop was the last, after a grace period. Use an
+    /// [`Owner`](crate::Owner) (kill it, and [`Killed::wait`](crate::Killed::wait)
+    /// gives `T` back once the last `Ref` is gone), or
+    /// [`unwrap_or_clone`](Self::unwrap_or_clone).
+    ///
+    /// # Errors
+    ///
+    /// `this`, if another `Shared` of the value exists or the value was
+    /// promoted.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use percpu_ref::shared::Shared;
+    /// let s = Shared::new(String::from("only"));
+    /// let t = s.clone();
+    /// let s = Shared::try_unwrap(s).unwrap_err(); // `t` shares it
+    /// drop(t);
+    /// assert_eq!(Shared::try_unwrap(s).unwrap(), "only");
+    /// ```
+    pub fn try_unwrap(this: Self) -> Result<T, Self> {
+        if !this.block().take_last() {
+            return Err(this);
+        }
+        let this = ManuallyDrop::new(this);
+        // SAFETY: `take_last` took the count from one (ours) to zero: `T` is
+        // alive, nobody else can reach it (upgrades fail at zero), and it is
+        // moved out once. The block's provenance (`alloc`'s `Box::into_raw`).
+        let value = unsafe { std::ptr::read(value_ptr(this.ptr)) };
+        // SAFETY: `take_last` succeeded and `T` was moved out: the strong
+        // count's unit is ours to give up, once (after the read: the last
+        // unit frees the block).
+        unsafe { drop_count_unit(this.ptr) };
+        Ok(value)
+    }
+}
+
 impl<T: Clone + Send + 'static> Shared<T> {
+    /// `T`, moved out if this is the value's only handle and cloned
+    /// otherwise, as `Arc::unwrap_or_clone`: always cloned once the value
+    /// was promoted (see [`try_unwrap`](Self::try_unwrap)).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use percpu_ref::shared::Shared;
+    /// let s = Shared::new(vec![1, 2]);
+    /// let t = s.clone();
+    /// assert_eq!(Shared::unwrap_or_clone(s), [1, 2]); // cloned: `t` shares it
+    /// assert_eq!(Shared::unwrap_or_clone(t), [1, 2]); // the last: moved out
+    /// ```
+    #[must_use]
+    pub fn unwrap_or_clone(this: Self) -> T {
+        Shared::try_unwrap(this).unwrap_or_else(|s| T::clone(&s))
+    }
+
     /// `&mut T`, cloning `T` into a new value first unless this is its only
     /// handle and no [`Weak`] exists (clone-on-write), as `Arc::make_mut`.
     /// A promoted value is always cloned ([`get_mut`](Self::get_mut) cannot

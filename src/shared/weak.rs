@@ -1,10 +1,11 @@
 //! [`Weak`], the handle that keeps the allocation but not `T`.
 
-use super::block::{drop_unit, value_ptr, Block, UNITS_LOCKED};
+use super::block::{block_of, drop_unit, value_ptr, Block, UNITS_LOCKED};
 use super::Shared;
 use crate::sync::Ordering;
 use std::fmt;
 use std::marker::PhantomData;
+use std::mem::ManuallyDrop;
 use std::ptr::NonNull;
 
 /// A handle that keeps the allocation of a [`Shared`] value but not the
@@ -140,6 +141,68 @@ impl<T> Weak<T> {
         }
     }
 
+    /// The number of [`Shared`]s of the value, as `std::sync::Weak::strong_count`:
+    /// 0 for [`Weak::new`] and once the value was dropped; a snapshot
+    /// otherwise ([`Shared::strong_count`]'s, a racy sum once promoted).
+    /// A promoted value whose last `Shared` is gone counts 0 here while it
+    /// waits for the engine, and an upgrade still revives it then.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use percpu_ref::shared::Shared;
+    /// let s = Shared::new(1);
+    /// let w = Shared::downgrade(&s);
+    /// assert_eq!(w.strong_count(), 1);
+    /// drop(s);
+    /// assert_eq!(w.strong_count(), 0);
+    /// ```
+    #[must_use]
+    pub fn strong_count(&self) -> usize {
+        match self.ptr {
+            // SAFETY: our allocation unit keeps the block.
+            Some(p) => unsafe { Block::strong_count(p) },
+            None => 0,
+        }
+    }
+
+    /// The number of `Weak`s of the value, as `std::sync::Weak::weak_count`:
+    /// 0 for [`Weak::new`] and when no `Shared` is left (by
+    /// [`strong_count`](Self::strong_count)); a snapshot otherwise.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use percpu_ref::shared::Shared;
+    /// let s = Shared::new(1);
+    /// let w = Shared::downgrade(&s);
+    /// let v = w.clone();
+    /// assert_eq!(w.weak_count(), 2);
+    /// drop(v);
+    /// assert_eq!(w.weak_count(), 1);
+    /// drop(s);
+    /// assert_eq!(w.weak_count(), 0); // no Shared left
+    /// ```
+    #[must_use]
+    pub fn weak_count(&self) -> usize {
+        let Some(p) = self.ptr else { return 0 };
+        // SAFETY: our allocation unit keeps the block; only the field is
+        // borrowed (`T` may be being dropped).
+        let units = unsafe { &(*p.as_ptr()).units };
+        // ordering-audit: Relaxed: a snapshot, as std's `Weak::weak_count`.
+        let u = units.load(Ordering::Relaxed);
+        // Our unit keeps the count off the lock (`get_mut` locks only a
+        // sole unit, the strong count's).
+        debug_assert_ne!(u, UNITS_LOCKED, "a Weak exists: get_mut cannot lock");
+        if self.strong_count() == 0 {
+            0
+        } else {
+            // Less the strong count's unit (as std's, which may also be one
+            // off while the last `Shared` is being dropped).
+            u.saturating_sub(1)
+        }
+    }
+
     /// Whether two handles point to the same allocation; two
     /// [`Weak::new`]s are equal (as in `std`).
     ///
@@ -172,6 +235,54 @@ impl<T> Weak<T> {
             // SAFETY: our allocation unit keeps the block allocated.
             Some(p) => unsafe { value_ptr(p) },
             None => NonNull::dangling().as_ptr(),
+        }
+    }
+
+    /// Turns the `Weak` into a raw pointer to `T` without giving up its
+    /// allocation unit, as `std::sync::Weak::into_raw`: the pointer is
+    /// [`as_ptr`](Self::as_ptr)'s (dangling for a [`Weak::new`]), and the
+    /// block stays allocated until [`from_raw`](Self::from_raw) makes a
+    /// `Weak` of it again. `T` may be dropped meanwhile: read through the
+    /// pointer only while a `Shared` of the value is held.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use percpu_ref::shared::{Shared, Weak};
+    /// let s = Shared::new(5);
+    /// let p = Shared::downgrade(&s).into_raw();
+    /// assert_eq!(p, Shared::as_ptr(&s));
+    /// // SAFETY: from `into_raw`, once.
+    /// let w = unsafe { Weak::from_raw(p) };
+    /// assert_eq!(*w.upgrade().unwrap(), 5);
+    /// ```
+    #[must_use = "dropping the pointer leaks the allocation unit: the block is never freed"]
+    pub fn into_raw(self) -> *const T {
+        let this = ManuallyDrop::new(self);
+        this.as_ptr()
+    }
+
+    /// Takes back an allocation unit given up by
+    /// [`into_raw`](Self::into_raw), as `std::sync::Weak::from_raw`.
+    ///
+    /// # Safety
+    ///
+    /// `ptr` must have been returned by `Weak::<T>::into_raw` (the same
+    /// `T`), and each pointer `into_raw` returned must be passed here at
+    /// most once (the `Weak` made here drops the unit `into_raw` kept).
+    /// Anything else is undefined behaviour, as for std's `Weak`.
+    #[must_use = "dropping the Weak drops the allocation unit at once"]
+    pub unsafe fn from_raw(ptr: *const T) -> Self {
+        if ptr == NonNull::<T>::dangling().as_ptr() {
+            // A `Weak::new`'s: no block is ever at that address (it is
+            // `T`'s alignment, far below any heap allocation).
+            return Weak::new();
+        }
+        Weak {
+            // SAFETY: `ptr` came from `value_ptr` of a block its unit keeps
+            // allocated (the caller's promise).
+            ptr: Some(unsafe { block_of(ptr) }),
+            _owns: PhantomData,
         }
     }
 }
