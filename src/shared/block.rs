@@ -439,14 +439,23 @@ impl<T> Block<T> {
         usize::try_from(n).unwrap_or(usize::MAX)
     }
 
-    /// The `Weak`s, as `Arc::weak_count`: a snapshot, 0 while the count
-    /// is locked by [`is_unique`](Self::is_unique) (there are none then).
-    /// The caller holds a reference (so the strong count holds one unit).
-    pub(super) fn weak_count(&self) -> usize {
+    /// The allocation units less the strong count's, as `Arc::weak_count`:
+    /// a snapshot, 0 while the count is locked by
+    /// [`is_unique`](Self::is_unique) (there are no `Weak`s then). Exact
+    /// while the strong count is above zero (it holds one unit); a `Weak`
+    /// asks only then.
+    ///
+    /// # Safety
+    ///
+    /// The caller holds a reference or an allocation unit of `p`.
+    pub(super) unsafe fn weak_count(p: NonNull<Self>) -> usize {
+        // SAFETY: the caller's reference or unit; only the field is
+        // borrowed (`T` may be being dropped under a `Weak`).
+        let units = unsafe { &(*p.as_ptr()).units };
         // ordering-audit: Relaxed: a snapshot, as `Arc::weak_count`'s.
-        match self.units.load(Ordering::Relaxed) {
+        match units.load(Ordering::Relaxed) {
             UNITS_LOCKED => 0,
-            u => u - 1,
+            u => u.saturating_sub(1),
         }
     }
 
@@ -637,17 +646,15 @@ unsafe fn put_slow(pref: *const PercpuRef) {
 /// `p` is live and the caller's drop took its count to zero.
 #[inline(never)]
 unsafe fn release_in_word<T>(p: NonNull<Block<T>>) {
-    let p = p.as_ptr();
     let _unit = OnDrop(move || {
-        // SAFETY: the strong count's unit, given up after `T` is gone; a
-        // count that reached zero in the word was never handed over, so the
-        // word holds no ref to free (invariant 2).
-        unsafe { drop_unit_of::<T>(p.cast_const().cast(), false) }
+        // SAFETY: the strong count's unit, given up once, after `T` is gone;
+        // the count reached zero in the word (invariant 2).
+        unsafe { drop_count_unit(p) }
     });
     // SAFETY: the count is zero, once (invariant 2): `T` is alive and no
     // handle remains that could read it. `p` has the block's own provenance
     // (`alloc`'s `Box::into_raw`), writable.
-    unsafe { ManuallyDrop::drop(&mut *std::ptr::addr_of_mut!((*p).value)) }
+    unsafe { ManuallyDrop::drop(&mut *std::ptr::addr_of_mut!((*p.as_ptr()).value)) }
 }
 
 /// The ref's `release` for a `Block<T>` (promoted): drops `T` and owes the
@@ -682,13 +689,15 @@ unsafe fn release<T>(ptr: *const ()) {
     unsafe { ManuallyDrop::drop(&mut *std::ptr::addr_of_mut!((*p).value)) }
 }
 
-/// Drops the strong count's allocation unit after [`Block::take_last`]
-/// moved `T` out (the last unit frees the block).
+/// Drops the strong count's allocation unit once the count reached zero
+/// in the word and `T` is gone (dropped by the last drop, or moved out by
+/// [`Block::take_last`]'s caller); the last unit frees the block.
 ///
 /// # Safety
 ///
-/// The caller's `take_last` on `p` succeeded and `T` was moved out; the
-/// unit is given up once.
+/// The word's count reached zero (it was never handed over), `T` is gone,
+/// and the unit is given up once.
+#[inline(always)]
 pub(super) unsafe fn drop_count_unit<T>(p: NonNull<Block<T>>) {
     // SAFETY: the count reached zero in the word, which was never handed
     // over (invariant 2): no ref to free; the unit is the caller's.

@@ -320,7 +320,8 @@ impl<T> Shared<T> {
     /// ```
     #[must_use]
     pub fn weak_count(this: &Self) -> usize {
-        this.block().weak_count()
+        // SAFETY: our reference keeps the block.
+        unsafe { Block::weak_count(this.ptr) }
     }
 }
 

@@ -185,21 +185,14 @@ impl<T> Weak<T> {
     /// ```
     #[must_use]
     pub fn weak_count(&self) -> usize {
-        let Some(p) = self.ptr else { return 0 };
-        // SAFETY: our allocation unit keeps the block; only the field is
-        // borrowed (`T` may be being dropped).
-        let units = unsafe { &(*p.as_ptr()).units };
-        // ordering-audit: Relaxed: a snapshot, as std's `Weak::weak_count`.
-        let u = units.load(Ordering::Relaxed);
-        // Our unit keeps the count off the lock (`get_mut` locks only a
-        // sole unit, the strong count's).
-        debug_assert_ne!(u, UNITS_LOCKED, "a Weak exists: get_mut cannot lock");
-        if self.strong_count() == 0 {
-            0
-        } else {
-            // Less the strong count's unit (as std's, which may also be one
-            // off while the last `Shared` is being dropped).
-            u.saturating_sub(1)
+        match self.ptr {
+            // 0 once no `Shared` is left, as std's (whose count may also
+            // be one off while the last `Shared` is being dropped).
+            Some(_) if self.strong_count() == 0 => 0,
+            // SAFETY: our allocation unit keeps the block (and the count
+            // off `get_mut`'s lock, which needs a sole unit).
+            Some(p) => unsafe { Block::weak_count(p) },
+            None => 0,
         }
     }
 
