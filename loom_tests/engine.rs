@@ -774,6 +774,36 @@ fn shared_try_unwrap_vs_drop_and_upgrade(backend: Backend) {
     shared_done(&drops);
 }
 
+/// `Shared::new_cyclic` while a `Weak` that its function sent to another
+/// thread upgrades there: the upgrade fails while the count is zero, or
+/// holds the value and sees all of it. The value's making is a write that
+/// loom tracks; the count's release store, acquired by the upgrade's load,
+/// orders it before the other thread's read (`shared_cyclic_publish_relaxed`).
+fn shared_new_cyclic_vs_upgrade(backend: Backend) {
+    let drops = Arc::new(AtomicUsize::new(0));
+    let mut upgrader = None;
+    let v = percpu_ref::loom_support::shared_cyclic_on(
+        |me: &percpu_ref::shared::Weak<Canary>| {
+            let w = me.clone();
+            upgrader = Some(thread::spawn(move || {
+                if let Some(u) = w.upgrade() {
+                    u.read();
+                }
+                drop(w);
+            }));
+            let value = Canary::new(&drops);
+            // SAFETY: the value is not shared yet: no handle can read it.
+            value.cell.with_mut(|x| unsafe { *x = 1 });
+            value
+        },
+        backend,
+    );
+    v.read();
+    drop(v);
+    upgrader.unwrap().join().unwrap();
+    shared_done(&drops);
+}
+
 /// An owned `Weak::tryget` racing the last `Ref`'s drop once the kill
 /// completed (atomic mode), the `Weak` dropped right after: a tryget must
 /// not revive a count that the put just took to zero, or the put's
@@ -822,4 +852,5 @@ models! {
     shared_get_mut_vs_upgrade: preemptions 2, backends [sharded];
     shared_get_mut_after_other_drop: preemptions 2, backends [sharded];
     shared_try_unwrap_vs_drop_and_upgrade: preemptions 2, backends [sharded];
+    shared_new_cyclic_vs_upgrade: preemptions 2, backends [sharded];
 }

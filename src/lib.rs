@@ -94,4 +94,13 @@ pub mod loom_support {
     ) -> crate::shared::Shared<T> {
         crate::shared::Shared::new_on(value, backend)
     }
+
+    /// [`Shared::new_cyclic`](crate::shared::Shared::new_cyclic) on
+    /// `backend`, as [`shared_on`].
+    pub fn shared_cyclic_on<T: Send + 'static>(
+        data_fn: impl FnOnce(&crate::shared::Weak<T>) -> T,
+        backend: crate::Backend,
+    ) -> crate::shared::Shared<T> {
+        crate::shared::Shared::new_cyclic_on(data_fn, backend)
+    }
 }

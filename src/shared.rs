@@ -58,7 +58,8 @@
 //! | `strong_count`, `weak_count`, `Weak::strong_count`, `Weak::weak_count` | the same (snapshots); a promoted value's strong count is a racy sum of its per-CPU counts, exact while nobody clones or drops it |
 //! | `get_mut`, `make_mut`, `try_unwrap`, `unwrap_or_clone` | the same for a value in atomic mode (`Arc`'s lock on the allocation count; `Arc`'s compare-and-swap of the count from one to zero); on a promoted one `get_mut` is `None`, `try_unwrap` fails, and `make_mut` and `unwrap_or_clone` clone `T` (an exact count of a promoted value takes a grace period) |
 //! | `into_inner` | absent: for a promoted value only the engine learns which drop was the last. Use [`Owner`](crate::Owner) (kill, then [`Killed::wait`](crate::Killed::wait) takes `T` back; [`Owner::freeze`](crate::Owner::freeze) gives `&mut T`), or `unwrap_or_clone` |
-//! | `T: ?Sized` (`Arc<str>`, `Arc<dyn Trait>`), `new_cyclic`, allocators | absent: `Shared<Box<dyn Trait>>` or `Shared<String>` |
+//! | `Arc::new_cyclic` | the same ([`Shared::new_cyclic`]: its `Weak`s cannot upgrade until the value is made) |
+//! | `T: ?Sized` (`Arc<str>`, `Arc<dyn Trait>`), allocators | absent: `Shared<Box<dyn Trait>>` or `Shared<String>` |
 //!
 //! # Performance
 //!

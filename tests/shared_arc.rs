@@ -22,8 +22,6 @@
 //!   `test_clone_from_slice_panic`, `test_from_box_*`, `test_from_vec`,
 //!   `test_downcast`, `test_array_from_slice`, `shared_from_iter_*`,
 //!   `slice`, `trait_object`: `T: ?Sized` is not supported.
-//! - `weak_self_cyclic`, `test_arc_cyclic_*`, `test_arc_new_cyclic_*`: no
-//!   `new_cyclic`.
 //! - allocator tests (`Arc::new_in`, `allocator_api`): no allocators.
 //! - `eq` (the `Eq` specialisation that skips `T::eq` for one pointer):
 //!   a nightly specialisation; `Shared` always compares `T`.
@@ -685,5 +683,189 @@ fn weak_raw_of_new_and_of_a_dropped_value() {
         let w = Weak::from_raw(p);
         assert!(w.upgrade().is_none());
         assert_eq!((w.strong_count(), w.weak_count()), (0, 0));
+    }
+}
+
+// `new_cyclic` and self-referential values.
+
+/// A value that keeps a `Weak` of itself, set after it was made: dropped
+/// once (by the last handle, or by the engine once promoted), its block
+/// freed with the `Weak` inside it.
+#[test]
+fn weak_self_cyclic() {
+    struct Cycle {
+        me: Mutex<Option<Weak<Cycle>>>,
+        drops: Canary,
+    }
+    for promote in [false, true] {
+        let a = made(
+            Cycle {
+                me: Mutex::new(None),
+                drops: Canary::new(0),
+            },
+            promote,
+        );
+        let drops = a.drops.drops.clone();
+        let b = Shared::downgrade(&a.clone());
+        *a.me.lock().unwrap() = Some(b);
+        drop(a);
+        percpu_ref::flush();
+        assert_eq!(drops.load(SeqCst), 1);
+    }
+}
+
+#[test]
+fn test_arc_cyclic_with_zero_refs() {
+    struct ZeroRefs {
+        inner: Weak<ZeroRefs>,
+    }
+    for promote in [false, true] {
+        let zero_refs = Shared::new_cyclic(|inner| {
+            assert_eq!(inner.strong_count(), 0);
+            assert!(inner.upgrade().is_none());
+            ZeroRefs { inner: Weak::new() }
+        });
+        if promote {
+            Shared::promote(&zero_refs);
+        }
+        assert_eq!(Shared::strong_count(&zero_refs), 1);
+        assert_eq!(Shared::weak_count(&zero_refs), 0);
+        assert_eq!(zero_refs.inner.strong_count(), 0);
+        assert_eq!(zero_refs.inner.weak_count(), 0);
+    }
+}
+
+#[test]
+fn test_arc_new_cyclic_one_ref() {
+    struct OneRef {
+        inner: Weak<OneRef>,
+    }
+    for promote in [false, true] {
+        let one_ref = Shared::new_cyclic(|inner| {
+            assert_eq!(inner.strong_count(), 0);
+            assert!(inner.upgrade().is_none());
+            OneRef {
+                inner: inner.clone(),
+            }
+        });
+        if promote {
+            Shared::promote(&one_ref);
+        }
+        assert_eq!(Shared::strong_count(&one_ref), 1);
+        assert_eq!(Shared::weak_count(&one_ref), 1);
+
+        let one_ref2 = Weak::upgrade(&one_ref.inner).unwrap();
+        assert!(Shared::ptr_eq(&one_ref, &one_ref2));
+
+        assert_eq!(Shared::strong_count(&one_ref), 2);
+        assert_eq!(Shared::weak_count(&one_ref), 1);
+    }
+}
+
+#[test]
+fn test_arc_cyclic_two_refs() {
+    struct TwoRefs {
+        inner1: Weak<TwoRefs>,
+        inner2: Weak<TwoRefs>,
+    }
+    for promote in [false, true] {
+        let two_refs = Shared::new_cyclic(|inner| {
+            assert_eq!(inner.strong_count(), 0);
+            assert!(inner.upgrade().is_none());
+
+            let inner1 = inner.clone();
+            let inner2 = inner1.clone();
+
+            TwoRefs { inner1, inner2 }
+        });
+        if promote {
+            Shared::promote(&two_refs);
+        }
+        assert_eq!(Shared::strong_count(&two_refs), 1);
+        assert_eq!(Shared::weak_count(&two_refs), 2);
+
+        let two_refs1 = Weak::upgrade(&two_refs.inner1).unwrap();
+        assert!(Shared::ptr_eq(&two_refs, &two_refs1));
+
+        let two_refs2 = Weak::upgrade(&two_refs.inner2).unwrap();
+        assert!(Shared::ptr_eq(&two_refs, &two_refs2));
+
+        assert_eq!(Shared::strong_count(&two_refs), 3);
+        assert_eq!(Shared::weak_count(&two_refs), 2);
+    }
+}
+
+/// A value made by `new_cyclic` that holds its own `Weak` is dropped
+/// once, by its last handle or, promoted, by the engine (which drops the
+/// `Weak` inside `T` while the count's unit still keeps the block).
+#[test]
+fn a_cyclic_value_is_dropped_once_in_either_mode() {
+    struct Node {
+        me: Weak<Node>,
+        canary: Canary,
+    }
+    for promote in [false, true] {
+        let n = Shared::new_cyclic(|me| Node {
+            me: me.clone(),
+            canary: Canary::new(1),
+        });
+        if promote {
+            assert!(Shared::promote(&n) || percpu_ref::backend() != Backend::Rseq);
+        }
+        let drops = n.canary.drops.clone();
+        let clones: Vec<_> = (0..100).map(|_| n.me.upgrade().unwrap()).collect();
+        assert!(clones.iter().all(|c| c.canary.v == 1));
+        let w = n.me.clone();
+        drop((n, clones));
+        percpu_ref::flush();
+        assert_eq!(drops.load(SeqCst), 1);
+        assert!(w.upgrade().is_none());
+        assert_eq!((w.strong_count(), w.weak_count()), (0, 0));
+    }
+}
+
+/// A panic in `new_cyclic`'s function propagates; a `Weak` it kept cannot
+/// upgrade, counts nothing, and frees the block when dropped (Miri reports
+/// a leak or a double free).
+#[test]
+fn new_cyclic_panic_leaves_a_dead_weak() {
+    let kept: Mutex<Option<Weak<Canary>>> = Mutex::new(None);
+    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        Shared::new_cyclic(|w: &Weak<Canary>| {
+            *kept.lock().unwrap() = Some(w.clone());
+            panic!("the value cannot be made");
+        })
+    }));
+    assert!(r.is_err());
+    let w = kept.lock().unwrap().take().unwrap();
+    assert!(w.upgrade().is_none());
+    assert_eq!((w.strong_count(), w.weak_count()), (0, 0));
+    drop(w);
+}
+
+/// `Weak`s sent to other threads from inside `new_cyclic` upgrade only
+/// once the value is made, and then see all of it.
+#[test]
+fn new_cyclic_weaks_upgrade_on_other_threads_once_made() {
+    let rounds = if cfg!(miri) { 3 } else { 300 };
+    for _ in 0..rounds {
+        let mut threads = vec![];
+        let s = Shared::new_cyclic(|w: &Weak<Vec<u64>>| {
+            for _ in 0..3 {
+                let w = w.clone();
+                threads.push(thread::spawn(move || loop {
+                    if let Some(v) = w.upgrade() {
+                        return v.iter().sum::<u64>();
+                    }
+                    thread::yield_now();
+                }));
+            }
+            thread::yield_now();
+            (1..=100).collect()
+        });
+        for t in threads {
+            assert_eq!(t.join().unwrap(), 5050);
+        }
+        assert_eq!(Shared::strong_count(&s), 1);
     }
 }

@@ -273,8 +273,8 @@ impl<T> Block<T> {
         // SAFETY: the caller's unit; only the field is borrowed.
         let state = unsafe { &(*p.as_ptr()).state };
         loop {
-            // ordering-audit: kept: Acquire, as `get`'s first load (the ref's
-            // publication).
+            // Acquire: the ref's publication, as `get`'s first load, and
+            // `T`'s by `Shared::new_cyclic` (`publish`).
             let w = state.load(Ordering::Acquire);
             if w & TAGGED != 0 {
                 // Settles a unit in case a failed tryget's give-back ran
@@ -297,10 +297,11 @@ impl<T> Block<T> {
             } else {
                 w + CLONE
             };
-            // Relaxed: `T` was made before any `Weak` of it existed, so the
-            // upgrade has nothing to acquire (std's upgrade acquires for
-            // `new_cyclic`, which has no counterpart here); a failure loads
-            // again.
+            // Relaxed: the load above acquired the count it compares, and
+            // with it `T` (`new_cyclic` writes `T` before its release store
+            // of the first count, and every later change of the count is a
+            // read-modify-write, in that store's release sequence); a
+            // failure loads again.
             if state
                 .compare_exchange(w, next, Ordering::Relaxed, Ordering::Relaxed)
                 .is_ok()
@@ -791,6 +792,68 @@ pub(super) fn alloc<T: Send + 'static>(
     crate::owned::block::loom_live_blocks().fetch_add(1, Ordering::Relaxed);
     // SAFETY: `Box::into_raw` never returns null.
     unsafe { NonNull::new_unchecked(Box::into_raw(b)) }
+}
+
+/// Allocates the block for [`Shared::new_cyclic`]: the count at zero (an
+/// upgrade fails, as from a value already dropped), one allocation unit
+/// (the `Weak` that `new_cyclic` lends to its function) and `T` not yet
+/// written; [`publish`] writes it.
+pub(super) fn alloc_unpublished<T: Send + 'static>(
+    #[cfg(percpu_ref_loom)] backend: Backend,
+) -> NonNull<Block<T>> {
+    let mut b = Box::<Block<T>>::new_uninit();
+    let raw = b.as_mut_ptr();
+    // SAFETY: `raw` is the box's allocation, aligned for a `Block<T>`; each
+    // field but `value` is written once, through raw places (no reference
+    // to the unfinished block is formed).
+    unsafe {
+        std::ptr::addr_of_mut!((*raw).state).write(AtomicUsize::new(0));
+        std::ptr::addr_of_mut!((*raw).units).write(AtomicUsize::new(1));
+        #[cfg(percpu_ref_loom)]
+        std::ptr::addr_of_mut!((*raw).backend).write(backend);
+        #[cfg(percpu_ref_loom)]
+        std::ptr::addr_of_mut!((*raw).freed).write(crate::sync::UnsafeCell::new(()));
+    }
+    // ordering-audit: Relaxed: a count that models read after joining every
+    // thread.
+    #[cfg(percpu_ref_loom)]
+    crate::owned::block::loom_live_blocks().fetch_add(1, Ordering::Relaxed);
+    // `value` stays unwritten until `publish`: nothing reads it while the
+    // count is zero (an upgrade fails first, `Weak`s only take its
+    // address), and a free before then (the function panicked) leaves the
+    // `ManuallyDrop` alone. `MaybeUninit<Block<T>>` has `Block<T>`'s layout,
+    // so the block is freed as any other.
+    // SAFETY: `Box::into_raw` never returns null.
+    unsafe { NonNull::new_unchecked(Box::into_raw(b).cast::<Block<T>>()) }
+}
+
+/// Writes `T` into a block from [`alloc_unpublished`] and makes its count
+/// one, the first `Shared`'s, which takes over the allocation unit of the
+/// `Weak` that `new_cyclic` lent (as `Arc::new_cyclic`).
+///
+/// # Safety
+///
+/// `p` came from [`alloc_unpublished`], is published once, and the caller
+/// holds its lent `Weak`'s unit, which it hands to the count.
+pub(super) unsafe fn publish<T>(p: NonNull<Block<T>>, value: T) {
+    // SAFETY: the block is allocated (the caller's unit) and its count is
+    // zero: no handle reads `T`. Only the field is written, with the
+    // block's own provenance (`Box::into_raw`), while `Weak`s on other
+    // threads may be reading the counts beside it.
+    unsafe { std::ptr::addr_of_mut!((*p.as_ptr()).value).write(ManuallyDrop::new(value)) };
+    // Release: an upgrade that reads the count (its acquire load, or a
+    // later value of the count's release sequence) sees `T` written, as
+    // `Arc::new_cyclic`'s store. A store, not a compare-and-swap: nothing
+    // writes a count of zero (an upgrade fails there, and no `Shared`
+    // exists to clone, drop or promote).
+    // mutant shared_cyclic_publish_relaxed: the count is published relaxed
+    // (an upgrade on another thread may read `T` before it is written).
+    #[cfg(not(percpu_ref_mutant = "shared_cyclic_publish_relaxed"))]
+    let order = Ordering::Release;
+    #[cfg(percpu_ref_mutant = "shared_cyclic_publish_relaxed")]
+    let order = Ordering::Relaxed;
+    // SAFETY: the caller's unit keeps the block; only the field is borrowed.
+    unsafe { &(*p.as_ptr()).state }.store(ONE, order);
 }
 
 /// The block behind a handle.

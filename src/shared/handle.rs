@@ -1,6 +1,8 @@
 //! [`Shared`], the handle, and the traits it delegates to `T`.
 
-use super::block::{alloc, block, block_of, drop_count_unit, put_ref, value_ptr, Block};
+use super::block::{
+    alloc, alloc_unpublished, block, block_of, drop_count_unit, publish, put_ref, value_ptr, Block,
+};
 use super::Weak;
 use std::borrow::Borrow;
 use std::cmp::Ordering as CmpOrdering;
@@ -85,11 +87,89 @@ impl<T: Send + 'static> Shared<T> {
         ))
     }
 
+    /// A new value that can hold [`Weak`]s of itself, as `Arc::new_cyclic`:
+    /// `data_fn` gets a `Weak` of the value being made and returns the
+    /// value. Until it returns, that `Weak` (and its clones) cannot
+    /// upgrade and count no `Shared`; afterwards they upgrade as any
+    /// other. The value starts in atomic mode, as with [`Shared::new`].
+    ///
+    /// If `data_fn` panics, the panic propagates, the allocation is freed
+    /// once the last of those `Weak`s is dropped, and nothing is leaked.
+    ///
+    /// # Examples
+    ///
+    /// A graph node that hands out handles to itself:
+    ///
+    /// ```
+    /// use percpu_ref::shared::{Shared, Weak};
+    ///
+    /// struct Node {
+    ///     name: &'static str,
+    ///     me: Weak<Node>,
+    /// }
+    ///
+    /// impl Node {
+    ///     fn handle(&self) -> Shared<Node> {
+    ///         self.me.upgrade().expect("called through a live handle")
+    ///     }
+    /// }
+    ///
+    /// let root = Shared::new_cyclic(|me| {
+    ///     assert!(me.upgrade().is_none()); // not made yet
+    ///     Node { name: "root", me: me.clone() }
+    /// });
+    /// let h = root.handle();
+    /// assert!(Shared::ptr_eq(&h, &root));
+    /// assert_eq!((h.name, Shared::strong_count(&root), Shared::weak_count(&root)), ("root", 2, 1));
+    /// ```
+    #[must_use]
+    pub fn new_cyclic<F: FnOnce(&Weak<T>) -> T>(data_fn: F) -> Self {
+        Self::cyclic_on(
+            data_fn,
+            #[cfg(percpu_ref_loom)]
+            crate::backend(),
+        )
+    }
+
+    /// [`Shared::new_cyclic`] on a backend (a loom model's choice).
+    fn cyclic_on<F: FnOnce(&Weak<T>) -> T>(
+        data_fn: F,
+        #[cfg(percpu_ref_loom)] backend: crate::Backend,
+    ) -> Self {
+        let p = alloc_unpublished::<T>(
+            #[cfg(percpu_ref_loom)]
+            backend,
+        );
+        // The block's one allocation unit: if `data_fn` panics, this
+        // `Weak`'s drop (or its clones') frees the block, `T` unwritten.
+        let lent = Weak {
+            ptr: Some(p),
+            _owns: PhantomData,
+        };
+        let value = data_fn(&lent);
+        // SAFETY: `p` came from `alloc_unpublished` and is published once;
+        // `lent` holds its unit, which the count takes over below.
+        unsafe { publish(p, value) };
+        // Its unit is the strong count's now (`block`'s module docs: one
+        // unit for the whole count while it is above zero).
+        std::mem::forget(lent);
+        Shared::from_block(p)
+    }
+
     /// [`Shared::new`] on a chosen backend, for loom models (where the
     /// default is the sharded backend, which never promotes).
     #[cfg(percpu_ref_loom)]
     pub(crate) fn new_on(value: T, backend: crate::Backend) -> Self {
         Shared::from_block(alloc(value, backend))
+    }
+
+    /// [`Shared::new_cyclic`] on a chosen backend, for loom models.
+    #[cfg(percpu_ref_loom)]
+    pub(crate) fn new_cyclic_on<F: FnOnce(&Weak<T>) -> T>(
+        data_fn: F,
+        backend: crate::Backend,
+    ) -> Self {
+        Self::cyclic_on(data_fn, backend)
     }
 }
 
