@@ -17,7 +17,11 @@
 //!   `ArcSwap<u64>` (arc-swap's read side: a thread-local debt slot, no
 //!   shared write while the slot is free);
 //! - `epoch_pin`: `crossbeam_epoch::pin` and drop of its guard (the shared
-//!   object is crossbeam's default collector).
+//!   object is crossbeam's default collector);
+//! - `arc_waker` and `shared_waker`: a `Waker` clone + drop, the waker made
+//!   by `Waker::from` of an `Arc` (`std::task::Wake`) and of a promoted
+//!   `Shared` (`percpu_ref::shared::Wake`): what an async runtime pays each
+//!   time a future stores its task's waker.
 //!
 //! One criterion iteration is one operation pair *per thread*, timed as the
 //! slowest thread from a common start, as in `benches/fast_path.rs`.
@@ -72,6 +76,7 @@ use percpu_ref::{InitFlags, PercpuRef};
 use std::hint::black_box;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
+use std::task::Waker;
 use std::time::Duration;
 
 /// The summary's runs per row and thread count (odd, for a plain median).
@@ -118,6 +123,23 @@ impl Pair for SharedPair {
     #[inline(always)]
     fn pair(&self) {
         drop(black_box(Shared::clone(&self.0)));
+    }
+}
+
+/// A task whose wake does nothing, for the waker rows.
+struct Task;
+impl std::task::Wake for Task {
+    fn wake(self: Arc<Self>) {}
+}
+impl percpu_ref::shared::Wake for Task {
+    fn wake(_: Shared<Self>) {}
+}
+
+struct WakerPair(Waker);
+impl Pair for WakerPair {
+    #[inline(always)]
+    fn pair(&self) {
+        drop(black_box(self.0.clone()));
     }
 }
 
@@ -187,10 +209,11 @@ mod floor {
         /// Percpu mode: every add counts in the section.
         Percpu,
         /// Atomic mode, the count on the mode word's cache line (a
-        /// `PercpuRef`'s layout: its mode word and count are 24 bytes
-        /// apart).
+        /// one-line ref's layout, 24 bytes apart: a `PercpuRef`'s before
+        /// its count got a line of its own).
         Near,
-        /// Atomic mode, the count on a cache line of its own.
+        /// Atomic mode, the count on a cache line of its own (a
+        /// `PercpuRef`'s layout).
         Far,
     }
 
@@ -470,6 +493,8 @@ struct Rows {
     shared: SharedPair,
     arc_swap: ArcSwapLoad,
     epoch: EpochPin,
+    arc_waker: WakerPair,
+    shared_waker: WakerPair,
 }
 
 impl Rows {
@@ -486,6 +511,12 @@ impl Rows {
             },
             arc_swap: ArcSwapLoad(ArcSwap::from_pointee(0)),
             epoch: EpochPin,
+            arc_waker: WakerPair(Waker::from(Arc::new(Task))),
+            shared_waker: WakerPair(Waker::from({
+                let s = Shared::new(Task);
+                Shared::promote(&s);
+                s
+            })),
         }
     }
 
@@ -512,6 +543,12 @@ impl Rows {
         f("epoch_pin", "crossbeam_epoch::pin", &|t, n| {
             run(&self.epoch, t, n, cpus)
         });
+        f("arc_waker", ARC_WAKER, &|t, n| {
+            run(&self.arc_waker, t, n, cpus)
+        });
+        f("shared_waker", SHARED_WAKER, &|t, n| {
+            run(&self.shared_waker, t, n, cpus)
+        });
     }
 
     /// Prints how many floor operations took the fallback, if any did.
@@ -533,6 +570,8 @@ const FLOOR: &str = "floor (inline rseq)";
 const PERCPU: &str = "percpu_ref get+put";
 const ARC: &str = "Arc clone+drop";
 const SHARED: &str = "Shared clone+drop";
+const ARC_WAKER: &str = "Waker(Arc) clone+drop";
+const SHARED_WAKER: &str = "Waker(Shared) clone+drop";
 
 fn bench_peers(c: &mut Criterion, rows: &Rows, cpus: &[usize]) {
     let mut g = c.benchmark_group("peers");
@@ -656,9 +695,16 @@ fn summary(rows: &Rows, cpus: &[usize], ms: u64) {
             at_all(arc) / at_all(shared)
         );
     }
+    if let (Some(shared), Some(arc)) = (get(SHARED_WAKER), get(ARC_WAKER)) {
+        println!(
+            "Waker(Arc) / Waker(Shared): {:.2} at 1 thread, {:.2} at {all} threads",
+            arc[0] / shared[0],
+            at_all(arc) / at_all(shared)
+        );
+    }
     for (label, cells) in table
         .iter()
-        .filter(|r| r.0 != FLOOR && r.0 != PERCPU && r.0 != SHARED)
+        .filter(|r| ![FLOOR, PERCPU, SHARED, ARC_WAKER, SHARED_WAKER].contains(&r.0.as_str()))
     {
         println!(
             "{label} / percpu_ref: {:.2} at 1 thread (target >= 1.3), {:.2} at {all} threads \

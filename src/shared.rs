@@ -59,6 +59,8 @@
 //! | `get_mut`, `make_mut`, `try_unwrap`, `unwrap_or_clone` | the same for a value in atomic mode (`Arc`'s lock on the allocation count; `Arc`'s compare-and-swap of the count from one to zero); on a promoted one `get_mut` is `None`, `try_unwrap` fails, and `make_mut` and `unwrap_or_clone` clone `T` (an exact count of a promoted value takes a grace period) |
 //! | `into_inner` | absent: for a promoted value only the engine learns which drop was the last. Use [`Owner`](crate::Owner) (kill, then [`Killed::wait`](crate::Killed::wait) takes `T` back; [`Owner::freeze`](crate::Owner::freeze) gives `&mut T`), or `unwrap_or_clone` |
 //! | `Arc::new_cyclic` | the same ([`Shared::new_cyclic`]: its `Weak`s cannot upgrade until the value is made) |
+//! | `increment_strong_count`, `decrement_strong_count` | the same |
+//! | `std::task::Wake`, `Waker::from(Arc<W>)` | [`Wake`] (associated functions `wake(this: Shared<Self>)` and `wake_by_ref`: a `self: Shared<Self>` receiver is not stable Rust), `Waker::from(Shared<W>)`: a waker whose clones count per CPU once promoted |
 //! | `T: ?Sized` (`Arc<str>`, `Arc<dyn Trait>`), allocators | absent: `Shared<Box<dyn Trait>>` or `Shared<String>` |
 //!
 //! # Performance
@@ -132,10 +134,12 @@ use std::panic::{RefUnwindSafe, UnwindSafe};
 
 mod block;
 mod handle;
+mod wake;
 mod weak;
 
 pub use block::PROMOTE_AFTER;
 pub use handle::Shared;
+pub use wake::Wake;
 pub use weak::Weak;
 
 // No handle pins anything: `T` lives in the heap block (as `Arc<T>: Unpin`).

@@ -869,3 +869,177 @@ fn new_cyclic_weaks_upgrade_on_other_threads_once_made() {
         assert_eq!(Shared::strong_count(&s), 1);
     }
 }
+
+// `Wake`: std's `Waker::from(Arc<W>)` tests (library/alloctests/tests/
+// task.rs), and our own.
+
+#[test]
+#[cfg_attr(miri, ignore)] // as std's: `will_wake` compares vtable addresses, which Miri may duplicate
+fn test_waker_will_wake_clone() {
+    struct NoopWaker;
+
+    impl percpu_ref::shared::Wake for NoopWaker {
+        fn wake(_: Shared<Self>) {}
+    }
+
+    let waker = std::task::Waker::from(Shared::new(NoopWaker));
+    let clone = waker.clone();
+
+    assert!(waker.will_wake(&clone));
+    assert!(clone.will_wake(&waker));
+}
+
+/// A task that counts its wakes; `wake_by_ref` is the trait's default
+/// (a clone, then `wake`) unless `BY_REF`.
+struct Counted<const BY_REF: bool> {
+    wakes: AtomicUsize,
+    canary: Canary,
+}
+
+impl<const BY_REF: bool> percpu_ref::shared::Wake for Counted<BY_REF> {
+    fn wake(this: Shared<Self>) {
+        this.wakes.fetch_add(1, SeqCst);
+    }
+    fn wake_by_ref(this: &Shared<Self>) {
+        if BY_REF {
+            this.wakes.fetch_add(1, SeqCst);
+        } else {
+            Self::wake(this.clone());
+        }
+    }
+}
+
+/// Wakers cloned on several threads (more than there are CPUs here),
+/// woken by value and by reference, with and without the default
+/// `wake_by_ref`: every wake counted, and the task dropped once, after the
+/// last waker (by the engine once promoted: its clones promote it).
+#[test]
+fn wakers_count_every_wake_and_drop_the_task_once() {
+    fn run<const BY_REF: bool>() {
+        let per_thread = if cfg!(miri) { 20 } else { 5_000 };
+        let task = Shared::new(Counted::<BY_REF> {
+            wakes: AtomicUsize::new(0),
+            canary: Canary::new(0),
+        });
+        let drops = task.canary.drops.clone();
+        let waker = std::task::Waker::from(task.clone());
+        let threads: Vec<_> = (0..4)
+            .map(|_| {
+                let w = waker.clone();
+                thread::spawn(move || {
+                    for i in 0..per_thread {
+                        let c = w.clone();
+                        if i % 2 == 0 {
+                            c.wake();
+                        } else {
+                            c.wake_by_ref();
+                        }
+                    }
+                })
+            })
+            .collect();
+        for t in threads {
+            t.join().unwrap();
+        }
+        assert_eq!(task.wakes.load(SeqCst), 4 * per_thread);
+        assert!(Shared::is_percpu(&task) || percpu_ref::backend() != Backend::Rseq || cfg!(miri));
+        drop((task, waker));
+        percpu_ref::flush();
+        assert_eq!(drops.load(SeqCst), 1);
+    }
+    run::<false>();
+    run::<true>();
+}
+
+/// The raw waker's clone and drop are `increment_strong_count` and
+/// `decrement_strong_count`: the counts move with them, and the last
+/// reference, raw or not, drops the value.
+#[test]
+fn increment_and_decrement_strong_count() {
+    for promote in [false, true] {
+        let s = made(Canary::new(1), promote);
+        let drops = s.drops.clone();
+        let p = Shared::into_raw(s.clone());
+        // SAFETY: `p` from `into_raw`, its reference held until the last
+        // decrement; two increments, three decrements.
+        unsafe {
+            Shared::increment_strong_count(p);
+            Shared::increment_strong_count(p);
+            assert_eq!(Shared::strong_count(&s), 4);
+            Shared::decrement_strong_count(p);
+            Shared::decrement_strong_count(p);
+            assert_eq!(Shared::strong_count(&s), 2);
+            Shared::decrement_strong_count(p);
+        }
+        assert_eq!(Shared::strong_count(&s), 1);
+        drop(s);
+        percpu_ref::flush();
+        assert_eq!(drops.load(SeqCst), 1);
+    }
+}
+
+/// A minimal executor on a `Shared` waker: the future is woken from
+/// another thread, and every poll stores a clone of the waker (what a
+/// runtime's channel or timer does), so the task's waker is promoted and
+/// its later clones count per CPU.
+#[test]
+fn a_shared_waker_drives_a_future_woken_from_another_thread() {
+    use std::future::Future;
+    use std::pin::pin;
+    use std::sync::atomic::AtomicBool;
+    use std::task::{Context, Poll, Waker};
+
+    struct Unpark(thread::Thread);
+    impl percpu_ref::shared::Wake for Unpark {
+        fn wake(this: Shared<Self>) {
+            this.0.unpark();
+        }
+        fn wake_by_ref(this: &Shared<Self>) {
+            this.0.unpark();
+        }
+    }
+
+    /// Ready once `done` is set; each poll before leaves a waker clone.
+    struct Flag<'a> {
+        done: &'a AtomicBool,
+        waker: &'a Mutex<Option<Waker>>,
+    }
+    impl Future for Flag<'_> {
+        type Output = ();
+        fn poll(self: std::pin::Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+            *self.waker.lock().unwrap() = Some(cx.waker().clone());
+            if self.done.load(SeqCst) {
+                Poll::Ready(())
+            } else {
+                Poll::Pending
+            }
+        }
+    }
+
+    let task = Shared::new(Unpark(thread::current()));
+    let waker = Waker::from(task.clone());
+    let mut cx = Context::from_waker(&waker);
+    let rounds = if cfg!(miri) { 5 } else { 2_000 };
+    for _ in 0..rounds {
+        let done = AtomicBool::new(false);
+        let slot: Mutex<Option<Waker>> = Mutex::new(None);
+        let mut f = pin!(Flag {
+            done: &done,
+            waker: &slot,
+        });
+        thread::scope(|s| {
+            s.spawn(|| {
+                done.store(true, SeqCst);
+                if let Some(w) = slot.lock().unwrap().take() {
+                    w.wake();
+                }
+            });
+            while f.as_mut().poll(&mut cx).is_pending() {
+                thread::park();
+            }
+        });
+    }
+    assert!(Shared::is_percpu(&task) || percpu_ref::backend() != Backend::Rseq || cfg!(miri));
+    drop(waker);
+    assert_eq!(Shared::strong_count(&task), 1);
+}

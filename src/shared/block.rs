@@ -66,7 +66,9 @@
 //!    count from one to zero, or by the ref's `release`. The count reaches
 //!    zero once: nothing adds to a count of zero (an upgrade compares, a
 //!    tryget fails at zero), and a word whose count is zero is never
-//!    handed over (the promoter holds a reference).
+//!    handed over (the promoter holds a reference). The one count that
+//!    leaves zero is `Shared::new_cyclic`'s, which starts there before `T`
+//!    exists and is stored as one once `T` is written (`publish`).
 //! 3. Only the thread that set `PROMOTING` makes the ref and swaps the
 //!    word; the word holds the count of every reference not counted on the
 //!    ref (none once swapped), so the two never both count one.

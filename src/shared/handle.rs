@@ -309,6 +309,58 @@ impl<T> Shared<T> {
         // allocated (the caller's promise).
         Shared::from_block(unsafe { block_of(ptr) })
     }
+
+    /// Adds a reference to the value behind a pointer from
+    /// [`into_raw`](Self::into_raw), as `Arc::increment_strong_count`: a
+    /// clone whose handle stays raw (for a `RawWaker` of your own, say;
+    /// [`Wake`](super::Wake) makes a whole `Waker`). Per CPU once the value
+    /// is promoted, as any clone.
+    ///
+    /// # Safety
+    ///
+    /// `ptr` must have been returned by `Shared::<T>::into_raw`, and the
+    /// reference it kept must still be held (not yet given back by
+    /// [`from_raw`](Self::from_raw) or
+    /// [`decrement_strong_count`](Self::decrement_strong_count)).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use percpu_ref::shared::Shared;
+    /// let p = Shared::into_raw(Shared::new(5));
+    /// // SAFETY: `p` is from `into_raw`, its reference still held; each of
+    /// // the two references is given back once.
+    /// unsafe {
+    ///     Shared::increment_strong_count(p);
+    ///     let s = Shared::from_raw(p);
+    ///     assert_eq!(Shared::strong_count(&s), 2);
+    ///     Shared::decrement_strong_count(p);
+    ///     assert_eq!(Shared::strong_count(&s), 1);
+    /// }
+    /// ```
+    pub unsafe fn increment_strong_count(ptr: *const T) {
+        // SAFETY: the caller's promise: the reference `into_raw` kept is
+        // held, so the block is alive and a clone may be taken from it.
+        let held = ManuallyDrop::new(unsafe { Shared::from_raw(ptr) });
+        let _added = ManuallyDrop::new(Shared::clone(&held));
+    }
+
+    /// Gives back one reference to the value behind a pointer from
+    /// [`into_raw`](Self::into_raw), as `Arc::decrement_strong_count`: a
+    /// drop of a raw handle (the last one drops `T`, or leaves it to the
+    /// engine once promoted).
+    ///
+    /// # Safety
+    ///
+    /// `ptr` must have been returned by `Shared::<T>::into_raw`, and the
+    /// caller gives up one reference that it holds through it (kept by
+    /// `into_raw` or added by
+    /// [`increment_strong_count`](Self::increment_strong_count)).
+    pub unsafe fn decrement_strong_count(ptr: *const T) {
+        // SAFETY: the caller's promise: one reference held through `ptr`,
+        // given up by this drop.
+        drop(unsafe { Shared::from_raw(ptr) });
+    }
 }
 
 impl<T> Shared<T> {
