@@ -101,6 +101,6 @@ pub mod loom_support {
         data_fn: impl FnOnce(&crate::shared::Weak<T>) -> T,
         backend: crate::Backend,
     ) -> crate::shared::Shared<T> {
-        crate::shared::Shared::new_cyclic_on(data_fn, backend)
+        crate::shared::Shared::cyclic_on(data_fn, backend)
     }
 }

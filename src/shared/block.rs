@@ -779,21 +779,15 @@ pub(super) fn alloc<T: Send + 'static>(
     value: T,
     #[cfg(percpu_ref_loom)] backend: Backend,
 ) -> NonNull<Block<T>> {
-    let b = Box::new(Block {
-        state: AtomicUsize::new(ONE),
-        units: AtomicUsize::new(1),
-        value: ManuallyDrop::new(value),
+    let p = alloc_counts::<T>(
+        ONE,
         #[cfg(percpu_ref_loom)]
         backend,
-        #[cfg(percpu_ref_loom)]
-        freed: crate::sync::UnsafeCell::new(()),
-    });
-    // ordering-audit: Relaxed: a count that models read after joining every
-    // thread.
-    #[cfg(percpu_ref_loom)]
-    crate::owned::block::loom_live_blocks().fetch_add(1, Ordering::Relaxed);
-    // SAFETY: `Box::into_raw` never returns null.
-    unsafe { NonNull::new_unchecked(Box::into_raw(b)) }
+    );
+    // SAFETY: a fresh block that nobody else can reach yet; only the field
+    // is written, with the block's own provenance.
+    unsafe { std::ptr::addr_of_mut!((*p.as_ptr()).value).write(ManuallyDrop::new(value)) };
+    p
 }
 
 /// Allocates the block for [`Shared::new_cyclic`]: the count at zero (an
@@ -803,13 +797,30 @@ pub(super) fn alloc<T: Send + 'static>(
 pub(super) fn alloc_unpublished<T: Send + 'static>(
     #[cfg(percpu_ref_loom)] backend: Backend,
 ) -> NonNull<Block<T>> {
+    alloc_counts::<T>(
+        0,
+        #[cfg(percpu_ref_loom)]
+        backend,
+    )
+}
+
+/// Allocates a block with the state word `state`, one allocation unit and
+/// `T` not yet written, which the caller writes before anyone reads it
+/// (nothing reads it while the count is zero: an upgrade fails first,
+/// `Weak`s only take its address; and a free before then, a
+/// `new_cyclic` whose function panicked, leaves the `ManuallyDrop` alone).
+#[inline(always)]
+fn alloc_counts<T: Send + 'static>(
+    state: usize,
+    #[cfg(percpu_ref_loom)] backend: Backend,
+) -> NonNull<Block<T>> {
     let mut b = Box::<Block<T>>::new_uninit();
     let raw = b.as_mut_ptr();
     // SAFETY: `raw` is the box's allocation, aligned for a `Block<T>`; each
     // field but `value` is written once, through raw places (no reference
     // to the unfinished block is formed).
     unsafe {
-        std::ptr::addr_of_mut!((*raw).state).write(AtomicUsize::new(0));
+        std::ptr::addr_of_mut!((*raw).state).write(AtomicUsize::new(state));
         std::ptr::addr_of_mut!((*raw).units).write(AtomicUsize::new(1));
         #[cfg(percpu_ref_loom)]
         std::ptr::addr_of_mut!((*raw).backend).write(backend);
@@ -820,11 +831,8 @@ pub(super) fn alloc_unpublished<T: Send + 'static>(
     // thread.
     #[cfg(percpu_ref_loom)]
     crate::owned::block::loom_live_blocks().fetch_add(1, Ordering::Relaxed);
-    // `value` stays unwritten until `publish`: nothing reads it while the
-    // count is zero (an upgrade fails first, `Weak`s only take its
-    // address), and a free before then (the function panicked) leaves the
-    // `ManuallyDrop` alone. `MaybeUninit<Block<T>>` has `Block<T>`'s layout,
-    // so the block is freed as any other.
+    // `MaybeUninit<Block<T>>` has `Block<T>`'s layout, so the block is
+    // freed as any other.
     // SAFETY: `Box::into_raw` never returns null.
     unsafe { NonNull::new_unchecked(Box::into_raw(b).cast::<Block<T>>()) }
 }

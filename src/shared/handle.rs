@@ -131,8 +131,9 @@ impl<T: Send + 'static> Shared<T> {
         )
     }
 
-    /// [`Shared::new_cyclic`] on a backend (a loom model's choice).
-    fn cyclic_on<F: FnOnce(&Weak<T>) -> T>(
+    /// [`Shared::new_cyclic`] on a backend (a loom model's choice; the
+    /// process's otherwise).
+    pub(crate) fn cyclic_on<F: FnOnce(&Weak<T>) -> T>(
         data_fn: F,
         #[cfg(percpu_ref_loom)] backend: crate::Backend,
     ) -> Self {
@@ -142,10 +143,7 @@ impl<T: Send + 'static> Shared<T> {
         );
         // The block's one allocation unit: if `data_fn` panics, this
         // `Weak`'s drop (or its clones') frees the block, `T` unwritten.
-        let lent = Weak {
-            ptr: Some(p),
-            _owns: PhantomData,
-        };
+        let lent = Weak::holding(p);
         let value = data_fn(&lent);
         // SAFETY: `p` came from `alloc_unpublished` and is published once;
         // `lent` holds its unit, which the count takes over below.
@@ -161,15 +159,6 @@ impl<T: Send + 'static> Shared<T> {
     #[cfg(percpu_ref_loom)]
     pub(crate) fn new_on(value: T, backend: crate::Backend) -> Self {
         Shared::from_block(alloc(value, backend))
-    }
-
-    /// [`Shared::new_cyclic`] on a chosen backend, for loom models.
-    #[cfg(percpu_ref_loom)]
-    pub(crate) fn new_cyclic_on<F: FnOnce(&Weak<T>) -> T>(
-        data_fn: F,
-        backend: crate::Backend,
-    ) -> Self {
-        Self::cyclic_on(data_fn, backend)
     }
 }
 

@@ -88,6 +88,12 @@ impl<T> Weak<T> {
                 Err(now) => u = now,
             }
         }
+        Weak::holding(p)
+    }
+
+    /// The `Weak` for an allocation unit of the block at `p` that the
+    /// caller took or holds, and hands over to it.
+    pub(super) fn holding(p: NonNull<Block<T>>) -> Self {
         Weak {
             ptr: Some(p),
             _owns: PhantomData,
@@ -103,10 +109,7 @@ impl<T> Weak<T> {
         // is borrowed (`T` may be being dropped).
         // Relaxed: a new unit from an existing one, as `Weak::clone`'s.
         unsafe { (*p.as_ptr()).units.fetch_add(1, Ordering::Relaxed) };
-        Weak {
-            ptr: Some(p),
-            _owns: PhantomData,
-        }
+        Weak::holding(p)
     }
 
     /// A `Shared` unless the value was dropped; as `Weak::upgrade`.
@@ -271,12 +274,9 @@ impl<T> Weak<T> {
             // `T`'s alignment, far below any heap allocation).
             return Weak::new();
         }
-        Weak {
-            // SAFETY: `ptr` came from `value_ptr` of a block its unit keeps
-            // allocated (the caller's promise).
-            ptr: Some(unsafe { block_of(ptr) }),
-            _owns: PhantomData,
-        }
+        // SAFETY: `ptr` came from `value_ptr` of a block its unit keeps
+        // allocated (the caller's promise).
+        Weak::holding(unsafe { block_of(ptr) })
     }
 }
 
