@@ -804,6 +804,61 @@ fn shared_new_cyclic_vs_upgrade(backend: Backend) {
     shared_done(&drops);
 }
 
+/// `Shared::into_inner` of both handles of a promoted value, on two
+/// threads, while each waits for the engine: exactly one gets the value
+/// (the release leaves it to a registered taker instead of dropping it,
+/// `shared_release_ignores_takers`; a taker waits for the engine before it
+/// leaves, `shared_into_inner_no_flush`), and it is dropped once, by the
+/// one that got it. In atomic mode (sharded), `Arc`'s read-modify-write.
+fn shared_into_inner_vs_into_inner(backend: Backend) {
+    let drops = Arc::new(AtomicUsize::new(0));
+    let v = percpu_ref::loom_support::shared_on(Canary::new(&drops), backend);
+    Shared::promote(&v);
+    let b = v.clone();
+    let t = thread::spawn(move || {
+        b.read();
+        Shared::into_inner(b)
+    });
+    let mine = Shared::into_inner(v);
+    let theirs = t.join().unwrap();
+    assert!(
+        mine.is_some() != theirs.is_some(),
+        "into_inner gave the value to {} of the two last handles",
+        usize::from(mine.is_some()) + usize::from(theirs.is_some())
+    );
+    assert_eq!(drops.load(SeqCst), 0, "a value both taken and dropped");
+    drop(mine.or(theirs));
+    shared_done(&drops);
+}
+
+/// `Shared::into_inner` racing the other handle's plain drop and an
+/// upgrade through a `Weak`: the value is taken or dropped, once, and a
+/// taker's use of it comes after the other handles' reads (the release's
+/// release and the taker's acquire; loom reports the write below
+/// unordered with a read otherwise).
+fn shared_into_inner_vs_drop_and_upgrade(backend: Backend) {
+    let drops = Arc::new(AtomicUsize::new(0));
+    let v = percpu_ref::loom_support::shared_on(Canary::new(&drops), backend);
+    Shared::promote(&v);
+    let w = Shared::downgrade(&v);
+    let c = v.clone();
+    let t = thread::spawn(move || {
+        c.read();
+        drop(c);
+        if let Some(u) = w.upgrade() {
+            u.read();
+        }
+        drop(w);
+    });
+    if let Some(value) = Shared::into_inner(v) {
+        // SAFETY: `into_inner` moved the value out: no handle can read it.
+        value.cell.with_mut(|x| unsafe { *x = 1 });
+        drop(value);
+    }
+    t.join().unwrap();
+    shared_done(&drops);
+}
+
 /// An owned `Weak::tryget` racing the last `Ref`'s drop once the kill
 /// completed (atomic mode), the `Weak` dropped right after: a tryget must
 /// not revive a count that the put just took to zero, or the put's
@@ -853,4 +908,6 @@ models! {
     shared_get_mut_after_other_drop: preemptions 2, backends [sharded];
     shared_try_unwrap_vs_drop_and_upgrade: preemptions 2, backends [sharded];
     shared_new_cyclic_vs_upgrade: preemptions 2, backends [sharded];
+    shared_into_inner_vs_into_inner: preemptions 2, backends [sharded, rseq_model];
+    shared_into_inner_vs_drop_and_upgrade: preemptions 2, backends [sharded, rseq_model];
 }

@@ -197,6 +197,12 @@ pub struct PercpuRef {
     /// spare bytes, so that the owned layers' release (a block pointer and
     /// a function) costs no allocation of its own; read only by `release`.
     erased_release: MaybeUninit<Erased>,
+    /// A word for the layer that made the ref with
+    /// [`with_erased_release`](Self::with_erased_release) (`shared`: the
+    /// `Shared::into_inner` calls waiting for the value); written there,
+    /// unwritten otherwise. In the count line: touched only by rare slow
+    /// paths, never by a get or put.
+    layer_word: MaybeUninit<AtomicUsize>,
     _count_line: MaybeUninit<[u8; COUNT_LINE_PAD]>,
     /// `MODE_ATOMIC` / `MODE_DEAD` / `MODE_PENDING` and the rseq bound:
     /// written under `switch`, except that a deferred switch's completion
@@ -220,10 +226,14 @@ pub struct PercpuRef {
     _pinned: PhantomPinned,
 }
 
-/// The bytes after the atomic counter (and the spare release) that fill its
+/// The bytes after the atomic counter (and the spare release and layer
+/// word) that fill its
 /// 64-byte line (never written: padding costs `new` no stores).
-const COUNT_LINE_PAD: usize =
-    64 - std::mem::size_of::<AtomicCount>() - std::mem::size_of::<MaybeUninit<Erased>>();
+const COUNT_LINE_PAD: usize = 64usize.saturating_sub(
+    std::mem::size_of::<AtomicCount>()
+        + std::mem::size_of::<MaybeUninit<Erased>>()
+        + std::mem::size_of::<MaybeUninit<AtomicUsize>>(),
+);
 
 /// The bytes after the fields of the second line that fill it to 64 (none
 /// where those fields are larger, as under loom). The sum names every
@@ -386,6 +396,7 @@ impl PercpuRef {
         Ok(PercpuRef {
             count: AtomicCount::new(count),
             erased_release: MaybeUninit::uninit(),
+            layer_word: MaybeUninit::uninit(),
             _count_line: MaybeUninit::uninit(),
             mode: AtomicUsize::new(mode),
             counters,
@@ -417,7 +428,19 @@ impl PercpuRef {
         // A function item: boxed, it allocates nothing.
         let mut r = Self::with_backend(call_erased_release, flags, backend)?;
         r.erased_release = MaybeUninit::new(release);
+        r.layer_word = MaybeUninit::new(AtomicUsize::new(0));
         Ok(r)
+    }
+
+    /// The word kept for the layer that made this ref (its `layer_word`
+    /// field), zero when made.
+    ///
+    /// # Safety
+    ///
+    /// The ref was made by [`with_erased_release`](Self::with_erased_release).
+    pub(crate) unsafe fn layer_word(&self) -> &AtomicUsize {
+        // SAFETY: the caller's promise: `with_erased_release` wrote it.
+        unsafe { self.layer_word.assume_init_ref() }
     }
 
     // ----- queries ----------------------------------------------------------

@@ -7,9 +7,6 @@
 //! engine a few milliseconds after its last handle.
 //!
 //! Tests that cannot apply, and why:
-//! - `into_inner`, `into_inner_and_try_unwrap_race`: no `into_inner` (for
-//!   a promoted value only the engine learns which drop was the last;
-//!   module docs: use `Owner`'s kill and `Killed::wait`).
 //! - `make_mut_unsized`: `T: ?Sized` is not supported (below).
 //!
 //! Where `Shared` differs on purpose, the test says so: `get_mut` is `None`
@@ -31,6 +28,7 @@ use percpu_ref::Backend;
 use std::cell::RefCell;
 use std::collections::hash_map::DefaultHasher;
 use std::hash::{Hash, Hasher};
+use std::hint::black_box;
 use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
 use std::sync::mpsc::channel;
 use std::sync::{Arc, Mutex};
@@ -592,6 +590,154 @@ fn try_unwrap_after_other_threads_drop() {
         drop(value);
         assert_eq!(drops.load(SeqCst), 1);
     }
+}
+
+/// std's `into_inner`, on both kinds: of two handles given to two threads,
+/// exactly one gets the value (once promoted, through the engine).
+#[test]
+fn into_inner() {
+    let rounds = if cfg!(miri) { 2 } else { 100 };
+    for promote in [false, true] {
+        for _ in 0..rounds {
+            let x = made(3, promote);
+            let y = Shared::clone(&x);
+            let r_thread = thread::spawn(|| Shared::into_inner(x));
+            let s_thread = thread::spawn(|| Shared::into_inner(y));
+            let r = r_thread.join().expect("r_thread panicked");
+            let s = s_thread.join().expect("s_thread panicked");
+            assert!(
+                matches!((r, s), (None, Some(3)) | (Some(3), None)),
+                "unexpected result `{:?}`, expected `(None, Some(3))` or `(Some(3), None)`",
+                (r, s),
+            );
+        }
+        let x = made(3, promote);
+        assert_eq!(Shared::into_inner(x), Some(3));
+        let x = made(4, promote);
+        let y = Shared::clone(&x);
+        assert_eq!(Shared::into_inner(x), None);
+        assert_eq!(Shared::into_inner(y), Some(4));
+        let x = made(5, promote);
+        let _w = Shared::downgrade(&x);
+        assert_eq!(Shared::into_inner(x), Some(5));
+    }
+}
+
+/// Every handle of a value, on more threads than cores, cloned and dropped
+/// meanwhile, ends in `into_inner`: exactly one gets the value, which is
+/// never dropped by the block (once, by the test), and a `Weak` then fails
+/// to upgrade.
+#[test]
+fn into_inner_of_every_handle_gives_the_value_once() {
+    for (promote, rounds) in [(false, 500), (true, 60)] {
+        let rounds = if cfg!(miri) { 2 } else { rounds };
+        for _ in 0..rounds {
+            let x = made(Canary::new(9), promote);
+            let drops = x.drops.clone();
+            let w = Shared::downgrade(&x);
+            let hs: Vec<_> = (0..4)
+                .map(|_| {
+                    let y = x.clone();
+                    thread::spawn(move || {
+                        for _ in 0..100 {
+                            drop(black_box(y.clone()));
+                        }
+                        Shared::into_inner(y)
+                    })
+                })
+                .collect();
+            let mut got: Vec<Canary> = Shared::into_inner(x).into_iter().collect();
+            for h in hs {
+                got.extend(h.join().unwrap());
+            }
+            assert_eq!(got.len(), 1, "the value given to {} handles", got.len());
+            assert!(w.upgrade().is_none());
+            assert_eq!((got[0].v, drops.load(SeqCst)), (9, 0));
+            drop(got);
+            percpu_ref::flush();
+            assert_eq!(drops.load(SeqCst), 1);
+        }
+    }
+}
+
+/// `into_inner` racing a plain drop of the other handle: the value goes to
+/// `into_inner` or is dropped by the block, never both and never neither.
+#[test]
+fn into_inner_against_a_plain_last_drop() {
+    for (promote, rounds) in [(false, 1_000), (true, 100)] {
+        let rounds = if cfg!(miri) { 2 } else { rounds };
+        let mut taken = 0;
+        for _ in 0..rounds {
+            let x = made(Canary::new(1), promote);
+            let drops = x.drops.clone();
+            let y = x.clone();
+            let t = thread::spawn(move || drop(y));
+            let got = Shared::into_inner(x);
+            t.join().unwrap();
+            percpu_ref::flush();
+            match got {
+                Some(c) => {
+                    taken += 1;
+                    assert_eq!(drops.load(SeqCst), 0, "taken and dropped");
+                    drop(c);
+                }
+                None => assert_eq!(drops.load(SeqCst), 1, "neither taken nor dropped"),
+            }
+            assert_eq!(drops.load(SeqCst), 1);
+        }
+        eprintln!(
+            "into_inner against a plain drop (promoted: {promote}): taken {taken} of {rounds}"
+        );
+    }
+}
+
+/// On the engine's thread (here: the `Drop` of another promoted value) the
+/// `into_inner` of a promoted value would wait for itself: it panics,
+/// naming the operation, after dropping the handle, whose value the engine
+/// then drops as usual.
+#[test]
+fn into_inner_on_the_engine_thread_panics_and_loses_nothing() {
+    if percpu_ref::backend() != Backend::Rseq || cfg!(miri) {
+        return;
+    }
+    struct Outer {
+        inner: Mutex<Option<Shared<Canary>>>,
+        message: Arc<Mutex<String>>,
+    }
+    impl Drop for Outer {
+        fn drop(&mut self) {
+            let inner = self.inner.lock().unwrap().take().unwrap();
+            let Err(e) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                Shared::into_inner(inner)
+            })) else {
+                panic!("into_inner on the engine's thread returned");
+            };
+            *self.message.lock().unwrap() = e
+                .downcast_ref::<&str>()
+                .map(|m| (*m).to_string())
+                .or_else(|| e.downcast_ref::<String>().cloned())
+                .unwrap_or_default();
+        }
+    }
+    let inner = made(Canary::new(2), true);
+    let drops = inner.drops.clone();
+    let message = Arc::new(Mutex::new(String::new()));
+    let outer = made(
+        Outer {
+            inner: Mutex::new(Some(inner)),
+            message: message.clone(),
+        },
+        true,
+    );
+    drop(outer);
+    percpu_ref::flush();
+    percpu_ref::flush();
+    let message = message.lock().unwrap().clone();
+    assert!(
+        message.contains("Shared::into_inner") && message.contains("engine"),
+        "{message}"
+    );
+    assert_eq!(drops.load(SeqCst), 1);
 }
 
 #[test]

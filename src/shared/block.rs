@@ -78,6 +78,7 @@
 //! 5. Promotion happens with a reference held (the promoting handle's), so
 //!    the count cannot reach zero during it.
 
+use super::Weak;
 use crate::flags::InitFlags;
 use crate::owned::block::{owe_unit, settle_guard, settle_owed, OnDrop};
 use crate::percpu::Backend;
@@ -88,7 +89,7 @@ use std::pin::Pin;
 use std::ptr::NonNull;
 
 #[cfg(doc)]
-use super::{Shared, Weak};
+use super::Shared;
 
 /// Clones (and upgrades) counted in the state word after which a value is
 /// promoted to per-CPU counting. A value cloned this often is likely shared
@@ -575,6 +576,36 @@ impl<T> Block<T> {
 /// The caller holds one reference on `p` and gives it up.
 #[inline(always)]
 pub(super) unsafe fn put_ref<T>(p: NonNull<Block<T>>) {
+    // SAFETY: forwarded.
+    match unsafe { put_in_word(p) } {
+        // SAFETY: tagged; our reference keeps the ref until the put.
+        InWord::Promoted(pref) => unsafe { put_on_ref(pref) },
+        InWord::Others => {}
+        // SAFETY: ours was the last reference (invariant 2).
+        InWord::Last => unsafe { release_in_word(p) },
+    }
+}
+
+/// What [`put_in_word`] did.
+pub(super) enum InWord {
+    /// Nothing: the word holds this ref's address, and the reference is
+    /// still the caller's, to give up on the ref.
+    Promoted(*const PercpuRef),
+    /// Gave the reference up; others remain.
+    Others,
+    /// Gave up the last reference: `T` is the caller's to drop or move out,
+    /// then the strong count's unit ([`drop_count_unit`]).
+    Last,
+}
+
+/// Gives up the caller's reference in the word (one compare-and-swap),
+/// unless the word holds the ref's address. Inlined whole into `put_ref`.
+///
+/// # Safety
+///
+/// The caller holds one reference on `p`.
+#[inline(always)]
+pub(super) unsafe fn put_in_word<T>(p: NonNull<Block<T>>) -> InWord {
     // Only the word is borrowed across the count: once it is given up,
     // another thread may free the block.
     // SAFETY: our reference keeps the block allocated until the put.
@@ -585,8 +616,7 @@ pub(super) unsafe fn put_ref<T>(p: NonNull<Block<T>>) {
     let mut w = state.load(Ordering::Acquire);
     loop {
         if w & TAGGED != 0 {
-            // SAFETY: tagged; our reference keeps the ref until the put.
-            return unsafe { put_on_ref((w & !TAGGED) as *const PercpuRef) };
+            return InWord::Promoted((w & !TAGGED) as *const PercpuRef);
         }
         debug_assert!(count(w) >= 1, "a Shared's drop with the count at zero");
         // ordering-audit: kept: AcqRel: release our accesses to `T`, and the
@@ -596,14 +626,9 @@ pub(super) unsafe fn put_ref<T>(p: NonNull<Block<T>>) {
         // load read, and only an upgrade and a drop in between that restore
         // it (three more steps) make them differ.
         match state.compare_exchange(w, w - ONE, Ordering::AcqRel, Ordering::Relaxed) {
-            Ok(_) => {
-                // `count(w) == 1`, in one comparison (`w` is not tagged).
-                if w < 2 * ONE {
-                    // SAFETY: ours was the last reference (invariant 2).
-                    unsafe { release_in_word(p) };
-                }
-                return;
-            }
+            // `count(w) == 1`, in one comparison (`w` is not tagged).
+            Ok(_) if w < 2 * ONE => return InWord::Last,
+            Ok(_) => return InWord::Others,
             // ordering-audit: kept: Acquire, as the first load (a failure
             // is contention: the load is cheap beside it).
             Err(_) => w = state.load(Ordering::Acquire),
@@ -686,10 +711,133 @@ unsafe fn release<T>(ptr: *const ()) {
             func: drop_unit::<T>,
         });
     });
+    if leave_to_taker(pref) {
+        return;
+    }
     // SAFETY: the count is zero (this is `release`), once (invariant 2):
     // `T` is alive and no handle remains that could read it. `p` has the
     // block's own provenance (`alloc`'s `Box::into_raw`), writable.
     unsafe { ManuallyDrop::drop(&mut *std::ptr::addr_of_mut!((*p).value)) }
+}
+
+// ----- `Shared::into_inner` of a promoted value ------------------------------
+//
+// Only the engine learns which put of a promoted value was the last, after
+// a grace period, so `into_inner` asks it: the caller registers as a
+// *taker* in the ref's layer word, gives up its reference, and waits for
+// the engine ([`crate::flush`], which runs every release of a value whose
+// last put came before it). A `release` that finds a taker registered
+// leaves `T` in the block (`ORPHANED`) instead of dropping it; the first
+// taker to leave after that takes it. So:
+//
+// - `T` is dropped once or taken once: `release` orphans it only while a
+//   taker is registered, in the same read-modify-write of the word as its
+//   look, and every taker leaves with a read-modify-write that takes an
+//   orphaned `T`;
+// - if every handle goes through `into_inner`, exactly one gets `T`: the
+//   last put is some taker's, and that taker's flush returns only after the
+//   release, which finds it still registered;
+// - a taker holds an allocation unit of its own (a `Weak`) until it has
+//   left, so the block, its ref and an orphaned `T` outlive its put.
+//
+// The registration needs no ordering of its own: it comes before the
+// taker's put, and the protocol orders every access before a put before
+// the release (the promise that lets `release` drop `T`).
+
+/// Set in the layer word by a `release` that left `T` to a taker.
+const ORPHANED: usize = 1;
+/// One taker registered in the layer word.
+const TAKER: usize = 2;
+
+/// `release`'s question: does an `into_inner` wait for the value? Then `T`
+/// is left in the block for it (true), not dropped.
+fn leave_to_taker(pref: &PercpuRef) -> bool {
+    // mutant shared_release_ignores_takers: `release` drops `T` whether or
+    // not an `into_inner` waits for it (when every handle goes through
+    // `into_inner`, none gets `T`).
+    if mutated!("shared_release_ignores_takers") {
+        return false;
+    }
+    // SAFETY: a `Shared`'s ref is made by `with_erased_release`.
+    let word = unsafe { pref.layer_word() };
+    // ordering-audit: kept: Release: the taker that takes `T` (its acquire
+    // in `leave_as_taker`) sees every access that this release follows, as
+    // the drop would have. The models cannot show it: their releases run
+    // on the engine, and the taker's wait for the engine (`flush`, a lock
+    // the engine's completion released) orders them as well; this pair
+    // orders a release run off the engine, by a put that found the ref in
+    // atomic mode. Relaxed failure: no taker, `T` is dropped here.
+    word.fetch_update(Ordering::Release, Ordering::Relaxed, |v| {
+        (v >= TAKER).then_some(v | ORPHANED)
+    })
+    .is_ok()
+}
+
+/// [`Shared::into_inner`] of a promoted value: registers as a taker, gives
+/// up the caller's reference, waits for the engine to release the value if
+/// that was its last reference, and moves `T` out if the release left it.
+///
+/// # Safety
+///
+/// `p`'s word is tagged, holding `pref`; the caller gives up one reference
+/// on it and `unit` holds one allocation unit of it.
+#[cold]
+pub(super) unsafe fn into_inner_promoted<T>(
+    p: NonNull<Block<T>>,
+    pref: *const PercpuRef,
+    unit: Weak<T>,
+) -> Option<T> {
+    if crate::grace::on_engine() {
+        // SAFETY: the caller's reference, given up here (nothing is lost).
+        unsafe { put_on_ref(pref) };
+        panic!(
+            "percpu_ref::shared::Shared::into_inner of a promoted value on the grace-period \
+             engine's thread (in a deferred release or confirm): it would wait for itself"
+        );
+    }
+    // SAFETY: `unit` keeps the block, and its ref, until it is dropped;
+    // a `Shared`'s ref is made by `with_erased_release`.
+    let word = unsafe { (*pref).layer_word() };
+    // ordering-audit: Relaxed: ordered before the put below, which the
+    // release follows (module comment above).
+    word.fetch_add(TAKER, Ordering::Relaxed);
+    let taker = OnDrop(|| {
+        // A panic while waiting: leave, and drop `T` if it was left to us.
+        if leave_as_taker(word) {
+            // SAFETY: as the read below.
+            drop(unsafe { std::ptr::read(value_ptr(p)) });
+        }
+    });
+    // SAFETY: the caller's reference, given up once.
+    unsafe { put_on_ref(pref) };
+    // mutant shared_into_inner_no_flush: the taker leaves without waiting
+    // for the engine (two last handles' `into_inner`s may both miss `T`).
+    if !mutated!("shared_into_inner_no_flush") {
+        crate::flush();
+    }
+    std::mem::forget(taker);
+    let took = leave_as_taker(word);
+    let value = took.then(|| {
+        // SAFETY: `release` left `T` in the block, once, and we took it
+        // (`ORPHANED` cleared): nobody else reads or drops it; `unit` keeps
+        // the block. `value_ptr` has the block's own provenance.
+        unsafe { std::ptr::read(value_ptr(p)) }
+    });
+    drop(unit);
+    value
+}
+
+/// A taker leaves: true if it takes an orphaned `T`.
+fn leave_as_taker(word: &AtomicUsize) -> bool {
+    // ordering-audit: kept: Acquire: the release that orphaned `T` (its
+    // release read-modify-write), and with it every access to `T` before
+    // the last put; the models cannot show it (see `leave_to_taker`).
+    let prev = word
+        .fetch_update(Ordering::Acquire, Ordering::Relaxed, |v| {
+            Some((v - TAKER) & !ORPHANED)
+        })
+        .unwrap_or_else(|v| v);
+    prev & ORPHANED != 0
 }
 
 /// Drops the strong count's allocation unit once the count reached zero

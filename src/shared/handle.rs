@@ -1,7 +1,8 @@
 //! [`Shared`], the handle, and the traits it delegates to `T`.
 
 use super::block::{
-    alloc, alloc_unpublished, block, block_of, drop_count_unit, publish, put_ref, value_ptr, Block,
+    alloc, alloc_unpublished, block, block_of, drop_count_unit, into_inner_promoted, publish,
+    put_in_word, put_ref, value_ptr, Block, InWord,
 };
 use super::Weak;
 use std::borrow::Borrow;
@@ -453,12 +454,8 @@ impl<T> Shared<T> {
     /// (as [`get_mut`](Self::get_mut): its count is per CPU). It is `Arc`'s
     /// one compare-and-swap on the count.
     ///
-    /// `into_inner` (`T` to exactly one of the last handles, whichever
-    /// order they are dropped in) is absent: for a promoted value only the
-    /// engine learns which drop was the last, after a grace period. Use an
-    /// [`Owner`](crate::Owner) (kill it, and [`Killed::wait`](crate::Killed::wait)
-    /// gives `T` back once the last `Ref` is gone), or
-    /// [`unwrap_or_clone`](Self::unwrap_or_clone).
+    /// [`into_inner`](Self::into_inner) gives `T` to the last handle in
+    /// either mode (waiting for the engine once promoted).
     ///
     /// # Errors
     ///
@@ -489,6 +486,78 @@ impl<T> Shared<T> {
         // unit frees the block).
         unsafe { drop_count_unit(this.ptr) };
         Ok(value)
+    }
+}
+
+impl<T> Shared<T> {
+    /// `T` if this was the value's last handle, as `Arc::into_inner`:
+    /// drops this handle, and returns `T` instead of dropping it when no
+    /// other handle remains. If every handle of a value goes through
+    /// `into_inner`, exactly one of them gets `T`, whatever the order and
+    /// the threads (where [`try_unwrap`](Self::try_unwrap) could fail for
+    /// all of them). `Weak`s do not stop it.
+    ///
+    /// In atomic mode (never promoted) it is `Arc`'s one read-modify-write
+    /// of the count. **Once the value was promoted it waits for the
+    /// grace-period engine**, which alone learns whether a per-CPU put was
+    /// the last: the handle registers as waiting for `T` and is dropped,
+    /// and the call waits as [`flush`](crate::flush) does (a few grace
+    /// periods: about 0.1 ms on an idle 2-vCPU machine, docs/performance.md;
+    /// longer while other threads keep the engine busy), then
+    /// takes `T` if the engine's release left it for a waiting
+    /// `into_inner`. An upgrade of a `Weak` that gets in before the
+    /// engine's look keeps the value alive (`None`), as an upgrade before
+    /// `Arc::into_inner` would.
+    ///
+    /// # Panics
+    ///
+    /// Called on the grace-period engine's thread (from a deferred
+    /// `release` or `confirm`, such as another promoted value's `Drop`) on
+    /// a promoted value: the engine would wait for itself. The handle is
+    /// dropped first, so nothing is lost.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use percpu_ref::shared::Shared;
+    /// let s = Shared::new(String::from("last"));
+    /// let t = s.clone();
+    /// let other = std::thread::spawn(move || Shared::into_inner(t));
+    /// let mine = Shared::into_inner(s);
+    /// let theirs = other.join().unwrap();
+    /// assert!(matches!((mine.as_deref(), theirs.as_deref()), (Some("last"), None) | (None, Some("last"))));
+    ///
+    /// let hot = Shared::new(7);
+    /// Shared::promote(&hot); // per CPU (where the backend can): the engine decides
+    /// let other = hot.clone();
+    /// assert_eq!(Shared::into_inner(other), None);
+    /// assert_eq!(Shared::into_inner(hot), Some(7));
+    /// ```
+    #[must_use]
+    pub fn into_inner(this: Self) -> Option<T> {
+        let this = ManuallyDrop::new(this);
+        let p = this.ptr;
+        // SAFETY: this handle's reference, given up here or (promoted) by
+        // `into_inner_promoted`.
+        match unsafe { put_in_word(p) } {
+            InWord::Others => None,
+            InWord::Last => {
+                // SAFETY: ours was the last reference (invariant 2 of
+                // `block`): `T` is alive, nobody else can reach it, and it
+                // is moved out once. The block's provenance (`value_ptr`).
+                let value = unsafe { std::ptr::read(value_ptr(p)) };
+                // SAFETY: the count reached zero in the word and `T` was
+                // moved out: the count's unit is ours to give up, once.
+                unsafe { drop_count_unit(p) };
+                Some(value)
+            }
+            InWord::Promoted(pref) => {
+                let unit = Shared::downgrade(&this);
+                // SAFETY: the word holds `pref`; our reference is given up
+                // there, and `unit` holds the block.
+                unsafe { into_inner_promoted(p, pref, unit) }
+            }
+        }
     }
 }
 

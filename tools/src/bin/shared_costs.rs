@@ -9,6 +9,11 @@
 //!   `flush`: `--delays` values one at a time; median, p99 and largest;
 //!   one row per engine batch delay in `--batch-delay-us`
 //!   (`percpu_ref::set_batch_delay`; the default, 1000, alone).
+//! - **into_inner**: `Shared::into_inner` of a promoted value's handles on
+//!   an otherwise idle process, which waits for the engine: `--into-inner`
+//!   values one at a time, each with two handles, the first `into_inner`
+//!   (not the last: `None`) and the second (the last: `T` back), in ms;
+//!   median and p99.
 //! - **idle values**: `--values` promoted values, each cloned and dropped
 //!   (so each was scanned once), then left alone: the process's CPU time
 //!   over `--idle-ms` of sleep, as a share of one core.
@@ -72,6 +77,11 @@ struct Args {
     #[arg(long, value_name = "US,..", value_delimiter = ',', default_value = "1000",
           value_parser = RangedU64ValueParser::<u64>::new().range(0..=1_000_000))]
     batch_delay_us: Vec<u64>,
+
+    /// Promoted values given back one at a time per rep by `into_inner`
+    #[arg(long, value_name = "N", default_value_t = 100,
+          value_parser = RangedU64ValueParser::<usize>::new().range(1..=100_000))]
+    into_inner: usize,
 
     /// Idle promoted values
     #[arg(long, value_name = "N", default_value_t = 100_000,
@@ -158,6 +168,25 @@ fn release_delays(n: usize) -> Vec<f64> {
             done.saturating_sub(t0).as_secs_f64() * 1e3
         })
         .collect()
+}
+
+/// One rep of `into_inner`'s wait, in milliseconds per value: (the first
+/// of two handles, the last).
+fn into_inner_waits(n: usize) -> (Vec<f64>, Vec<f64>) {
+    (0..n)
+        .map(|i| {
+            let s = Shared::new(i);
+            Shared::promote(&s);
+            let other = s.clone();
+            std::thread::sleep(Duration::from_millis(2)); // scanned, idle
+            let t0 = Instant::now();
+            assert_eq!(Shared::into_inner(other), None, "not the last handle");
+            let t1 = Instant::now();
+            assert_eq!(Shared::into_inner(s), Some(i), "the last handle");
+            let t2 = Instant::now();
+            ((t1 - t0).as_secs_f64() * 1e3, (t2 - t1).as_secs_f64() * 1e3)
+        })
+        .unzip()
 }
 
 /// A value whose drop is counted.
@@ -567,6 +596,36 @@ fn main() {
         for (us, p50, p99, max) in rows {
             println!("| last drop of a promoted value to its `Drop` | {us} | {p50:.2} | {p99:.2} | {max:.2} |");
         }
+    }
+
+    let (mut first, mut last) = (vec![[0.0; 2]; 0], vec![[0.0; 2]; 0]);
+    for _ in 0..a.reps {
+        let (mut f, mut l) = into_inner_waits(a.into_inner);
+        first.push([median(&mut f), percentile(&mut f, 99.0)]);
+        last.push([median(&mut l), percentile(&mut l, 99.0)]);
+    }
+    println!();
+    if a.counts_only {
+        println!(
+            "into_inner: {} values x {} reps, each given back once, to its last handle",
+            a.into_inner, a.reps
+        );
+    } else {
+        let row = |rows: &[[f64; 2]], k: usize| {
+            median(&mut rows.iter().map(|r| r[k]).collect::<Vec<_>>())
+        };
+        println!("| `into_inner` of a promoted value, idle process (ms), {} values a rep | median | p99 |", a.into_inner);
+        println!("|---|--:|--:|");
+        println!(
+            "| first of two handles (`None`) | {:.2} | {:.2} |",
+            row(&first, 0),
+            row(&first, 1)
+        );
+        println!(
+            "| the last (`Some`) | {:.2} | {:.2} |",
+            row(&last, 0),
+            row(&last, 1)
+        );
     }
 
     if a.memory > 0 {
