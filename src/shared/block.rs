@@ -62,8 +62,11 @@
 //! 1. `T` is alive while the strong count is above zero; the count is the
 //!    number of `Shared`s (plus the engine's stand-in once promoted, and a
 //!    `Weak::upgrade`'s reference for as long as it takes).
-//! 2. `T` is dropped exactly once: by the drop that takes the word's
-//!    count from one to zero, or by the ref's `release`. The count reaches
+//! 2. `T` is dropped exactly once, or moved out once instead: by the drop
+//!    that takes the word's count from one to zero (`try_unwrap` and
+//!    `into_inner` move it out there), or by the ref's `release` (which
+//!    leaves it to a waiting `into_inner`: below, "`Shared::into_inner` of
+//!    a promoted value"). The count reaches
 //!    zero once: nothing adds to a count of zero (an upgrade compares, a
 //!    tryget fails at zero), and a word whose count is zero is never
 //!    handed over (the promoter holds a reference). The one count that
