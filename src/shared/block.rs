@@ -374,7 +374,7 @@ impl<T> Block<T> {
     /// Takes the strong count from one to zero if the caller's handle is
     /// the value's only reference, as `Arc::try_unwrap`: `T` is then the
     /// caller's to move out, and the caller owes the strong count's unit
-    /// ([`drop_count_unit`]). False once promoted (no exact count without a
+    /// ([`move_out_last`] does both). False once promoted (no exact count without a
     /// grace period). A `Weak` cannot stop it: its upgrades fail from the
     /// zero on.
     pub(super) fn take_last(&self) -> bool {
@@ -596,8 +596,9 @@ pub(super) enum InWord {
     Promoted(*const PercpuRef),
     /// Gave the reference up; others remain.
     Others,
-    /// Gave up the last reference: `T` is the caller's to drop or move out,
-    /// then the strong count's unit ([`drop_count_unit`]).
+    /// Gave up the last reference: `T` is the caller's to drop
+    /// ([`release_in_word`]) or move out ([`move_out_last`]), then the
+    /// strong count's unit.
     Last,
 }
 
@@ -852,10 +853,27 @@ fn leave_as_taker(word: &AtomicUsize) -> bool {
 /// The word's count reached zero (it was never handed over), `T` is gone,
 /// and the unit is given up once.
 #[inline(always)]
-pub(super) unsafe fn drop_count_unit<T>(p: NonNull<Block<T>>) {
+unsafe fn drop_count_unit<T>(p: NonNull<Block<T>>) {
     // SAFETY: the count reached zero in the word, which was never handed
     // over (invariant 2): no ref to free; the unit is the caller's.
     unsafe { drop_unit_of::<T>(p.as_ptr().cast_const().cast(), false) }
+}
+
+/// Moves `T` out of a block whose word's count the caller took from one to
+/// zero (`try_unwrap`, `into_inner`), then gives up the strong count's unit.
+///
+/// # Safety
+///
+/// The caller's compare-and-swap took the word's count to zero, once.
+pub(super) unsafe fn move_out_last<T>(p: NonNull<Block<T>>) -> T {
+    // SAFETY: the count reached zero, once (invariant 2): `T` is alive,
+    // nobody else can reach it (upgrades fail at zero), and it is moved out
+    // once. `value_ptr` has the block's own provenance.
+    let value = unsafe { std::ptr::read(value_ptr(p)) };
+    // SAFETY: `T` was moved out: the strong count's unit is ours to give
+    // up, once (after the read: the last unit frees the block).
+    unsafe { drop_count_unit(p) };
+    value
 }
 
 /// Drops one allocation unit of a `Block<T>`; the last one frees it (and

@@ -1,7 +1,7 @@
 //! [`Shared`], the handle, and the traits it delegates to `T`.
 
 use super::block::{
-    alloc, alloc_unpublished, block, block_of, drop_count_unit, into_inner_promoted, publish,
+    alloc, alloc_unpublished, block, block_of, into_inner_promoted, move_out_last, publish,
     put_in_word, put_ref, value_ptr, Block, InWord,
 };
 use super::Weak;
@@ -477,15 +477,8 @@ impl<T> Shared<T> {
             return Err(this);
         }
         let this = ManuallyDrop::new(this);
-        // SAFETY: `take_last` took the count from one (ours) to zero: `T` is
-        // alive, nobody else can reach it (upgrades fail at zero), and it is
-        // moved out once. The block's provenance (`alloc`'s `Box::into_raw`).
-        let value = unsafe { std::ptr::read(value_ptr(this.ptr)) };
-        // SAFETY: `take_last` succeeded and `T` was moved out: the strong
-        // count's unit is ours to give up, once (after the read: the last
-        // unit frees the block).
-        unsafe { drop_count_unit(this.ptr) };
-        Ok(value)
+        // SAFETY: `take_last` took the count from one (ours) to zero.
+        Ok(unsafe { move_out_last(this.ptr) })
     }
 }
 
@@ -541,16 +534,8 @@ impl<T> Shared<T> {
         // `into_inner_promoted`.
         match unsafe { put_in_word(p) } {
             InWord::Others => None,
-            InWord::Last => {
-                // SAFETY: ours was the last reference (invariant 2 of
-                // `block`): `T` is alive, nobody else can reach it, and it
-                // is moved out once. The block's provenance (`value_ptr`).
-                let value = unsafe { std::ptr::read(value_ptr(p)) };
-                // SAFETY: the count reached zero in the word and `T` was
-                // moved out: the count's unit is ours to give up, once.
-                unsafe { drop_count_unit(p) };
-                Some(value)
-            }
+            // SAFETY: our drop took the word's count to zero.
+            InWord::Last => Some(unsafe { move_out_last(p) }),
             InWord::Promoted(pref) => {
                 let unit = Shared::downgrade(&this);
                 // SAFETY: the word holds `pref`; our reference is given up

@@ -598,7 +598,7 @@ fn main() {
         }
     }
 
-    let (mut first, mut last) = (vec![[0.0; 2]; 0], vec![[0.0; 2]; 0]);
+    let (mut first, mut last): (Vec<[f64; 2]>, Vec<[f64; 2]>) = (vec![], vec![]);
     for _ in 0..a.reps {
         let (mut f, mut l) = into_inner_waits(a.into_inner);
         first.push([median(&mut f), percentile(&mut f, 99.0)]);
