@@ -664,11 +664,26 @@ fn shared_upgrade_vs_last_drop(backend: Backend) {
 /// count stays locked across the check, std's `Arc::is_unique`:
 /// `shared_downgrade_ignores_lock`); the second comes after the other
 /// handle is gone and its `Weak` may still upgrade
-/// (`shared_get_mut_ignores_weak`). Atomic mode only: a promoted value is
-/// never unique to `get_mut`.
+/// (`shared_get_mut_ignores_weak`). Once everything is joined, `get_mut`
+/// is `Some`: the check is exact.
 fn shared_get_mut_vs_upgrade(backend: Backend) {
+    get_mut_vs_upgrade(backend, false);
+}
+
+/// [`shared_get_mut_vs_upgrade`] on a promoted value: its check switches
+/// the ref to atomic mode (a grace period) and locks the allocation count
+/// in that window, then hands the ref back to the engine
+/// (`shared_exact_ignores_weak`: the count read without the lock).
+fn shared_exact_get_mut_vs_upgrade(backend: Backend) {
+    get_mut_vs_upgrade(backend, true);
+}
+
+fn get_mut_vs_upgrade(backend: Backend, promote: bool) {
     let drops = Arc::new(AtomicUsize::new(0));
     let mut v = percpu_ref::loom_support::shared_on(Canary::new(&drops), backend);
+    if promote {
+        Shared::promote(&v);
+    }
     let b = v.clone();
     let dropped = Arc::new(AtomicBool::new(false));
     let t = thread::spawn({
@@ -700,6 +715,10 @@ fn shared_get_mut_vs_upgrade(backend: Backend) {
     // Joined first: an upgrade after a write needs `v`, which keeps the
     // count above zero until then.
     t.join().unwrap();
+    assert!(
+        Shared::get_mut(&mut v).is_some(),
+        "the only handle, not unique"
+    );
     drop(v);
     shared_done(&drops);
 }
@@ -735,8 +754,22 @@ fn spawn_read_and_drop(
 /// nothing): the check's acquire of the word orders that read before the
 /// caller's write (the check's load weakened to relaxed is caught here).
 fn shared_get_mut_after_other_drop(backend: Backend) {
+    get_mut_after_other_drop(backend, false);
+}
+
+/// [`shared_get_mut_after_other_drop`] on a promoted value: the other
+/// handle's per-CPU put is summed after the grace period, which orders its
+/// read before the write; `Some` once the handle is gone.
+fn shared_exact_get_mut_after_other_drop(backend: Backend) {
+    get_mut_after_other_drop(backend, true);
+}
+
+fn get_mut_after_other_drop(backend: Backend, promote: bool) {
     let drops = Arc::new(AtomicUsize::new(0));
     let mut v = percpu_ref::loom_support::shared_on(Canary::new(&drops), backend);
+    if promote {
+        Shared::promote(&v);
+    }
     let t = spawn_read_and_drop(v.clone(), None);
     // `None` where the check reads the count from before the drop (the
     // relaxed flag orders nothing).
@@ -758,8 +791,24 @@ fn shared_get_mut_after_other_drop(backend: Backend) {
 /// dropped handle's read (`shared_take_last_relaxed`): loom sees either
 /// read unordered with the write to the moved-out value otherwise.
 fn shared_try_unwrap_vs_drop_and_upgrade(backend: Backend) {
+    try_unwrap_vs_drop_and_upgrade(backend, false);
+}
+
+/// [`shared_try_unwrap_vs_drop_and_upgrade`] on a promoted value: the
+/// value is moved out only by the exact window's election from one
+/// (`shared_exact_take_by_check`: a check and a store, which an upgrade
+/// in between defeats), with no release run (it would drop the value
+/// moved out), and the ref and block are freed by the last unit.
+fn shared_exact_try_unwrap_vs_drop_and_upgrade(backend: Backend) {
+    try_unwrap_vs_drop_and_upgrade(backend, true);
+}
+
+fn try_unwrap_vs_drop_and_upgrade(backend: Backend, promote: bool) {
     let drops = Arc::new(AtomicUsize::new(0));
     let v = percpu_ref::loom_support::shared_on(Canary::new(&drops), backend);
+    if promote {
+        Shared::promote(&v);
+    }
     let w = Shared::downgrade(&v);
     let t = spawn_read_and_drop(v.clone(), Some(w));
     match Shared::try_unwrap(v) {
@@ -771,6 +820,60 @@ fn shared_try_unwrap_vs_drop_and_upgrade(backend: Backend) {
         Err(v) => drop(v),
     }
     t.join().unwrap();
+    shared_done(&drops);
+}
+
+/// `Shared::try_unwrap` of a promoted value's only handle while a `Weak`
+/// upgrades on another thread and reads the value: the upgrade fails, or
+/// `try_unwrap` does (the window's election is one compare-and-swap from
+/// exactly one: `shared_exact_take_by_check`, a check and a store, leaves
+/// the upgraded handle a value moved out).
+fn shared_exact_try_unwrap_vs_upgrade(backend: Backend) {
+    let drops = Arc::new(AtomicUsize::new(0));
+    let v = percpu_ref::loom_support::shared_on(Canary::new(&drops), backend);
+    Shared::promote(&v);
+    let w = Shared::downgrade(&v);
+    let t = thread::spawn(move || {
+        if let Some(u) = w.upgrade() {
+            u.read();
+        }
+        drop(w);
+    });
+    match Shared::try_unwrap(v) {
+        Ok(value) => {
+            // SAFETY: `try_unwrap` moved the value out: no handle can read it.
+            value.cell.with_mut(|x| unsafe { *x = 1 });
+            drop(value);
+        }
+        Err(v) => drop(v),
+    }
+    t.join().unwrap();
+    shared_done(&drops);
+}
+
+/// `Shared::get_mut` of a promoted value while the other handle reads the
+/// value and is dropped on another thread, unsynchronised: a drop before
+/// the switch is summed after its grace period, one in the window is an
+/// atomic put, and either way its read comes before the caller's write.
+/// (The check's acquire, for a put between the switch's last
+/// read-modify-write and the check, is kept by the ordering audit: the
+/// rseq model's sections order that put anyway.)
+fn shared_exact_get_mut_vs_drop(backend: Backend) {
+    let drops = Arc::new(AtomicUsize::new(0));
+    let mut v = percpu_ref::loom_support::shared_on(Canary::new(&drops), backend);
+    Shared::promote(&v);
+    let c = v.clone();
+    let t = thread::spawn(move || {
+        c.read();
+        drop(c);
+    });
+    if let Some(m) = Shared::get_mut(&mut v) {
+        // SAFETY: `get_mut` found no other handle and no `Weak`; the model
+        // checks that the other handle's read happens before this write.
+        m.cell.with_mut(|x| unsafe { *x = 1 });
+    }
+    t.join().unwrap();
+    drop(v);
     shared_done(&drops);
 }
 
@@ -910,4 +1013,9 @@ models! {
     shared_new_cyclic_vs_upgrade: preemptions 2, backends [sharded];
     shared_into_inner_vs_into_inner: preemptions 2, backends [sharded, rseq_model];
     shared_into_inner_vs_drop_and_upgrade: preemptions 2, backends [sharded, rseq_model];
+    shared_exact_get_mut_vs_upgrade: preemptions 2, backends [rseq_model];
+    shared_exact_get_mut_after_other_drop: preemptions 2, backends [rseq_model];
+    shared_exact_try_unwrap_vs_drop_and_upgrade: preemptions 2, backends [rseq_model];
+    shared_exact_try_unwrap_vs_upgrade: preemptions 2, backends [rseq_model];
+    shared_exact_get_mut_vs_drop: preemptions 2, backends [rseq_model];
 }

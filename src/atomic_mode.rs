@@ -598,6 +598,30 @@ impl AtomicCount {
             .is_ok()
     }
 
+    /// Whether the true count is exactly 1, in atomic mode after a
+    /// switch's fold: `shared::Shared::get_mut`'s check of a promoted
+    /// value. Acquire, as [`elect_release_of_last`](Self::elect_release_of_last):
+    /// the other references' accesses before their puts happen before the
+    /// caller's use of the object.
+    pub(crate) fn is_one(&self) -> bool {
+        // ordering-audit: kept: Acquire, for a put that lands on the atomic
+        // counter between the switch's last read-modify-write and this
+        // load (a Release read-modify-write): its holder's accesses come
+        // before the caller's. The models cannot show it: the rseq model's
+        // sections order a put that found the ref atomic before the ref's
+        // hand-back (`counters.reset`), which the caller's use follows
+        // (not so on hardware, whose per-CPU counters are plain memory).
+        self.value.load(Ordering::Acquire) == 1
+    }
+
+    /// Only for the mutant `shared_exact_take_by_check`: the count stored
+    /// as released after a check, instead of the election's
+    /// compare-and-swap.
+    pub(crate) fn store_released(&self) {
+        // ordering-audit: kept: only the mutant's store.
+        self.value.store(RELEASED, Ordering::Release);
+    }
+
     /// The checked put of a large `n`: refused before it writes; a put that
     /// empties the counter moves it straight to `RELEASED`.
     #[cold]

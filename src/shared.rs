@@ -36,7 +36,9 @@
 //! By the last `Shared`'s drop, on its thread, while the value is in atomic
 //! mode (never promoted, or on the sharded backend), unless
 //! [`Shared::try_unwrap`] or [`Shared::into_inner`] moved it out of its
-//! last handle. Once promoted: on the
+//! last handle (a promoted value's `try_unwrap` too: it elects the last
+//! handle in an exact window, and the engine never sees it). Once
+//! promoted: on the
 //! grace-period engine's thread, about 3 ms (three engine rounds, each
 //! [`batch_delay`](crate::batch_delay) and a grace period; set it with
 //! [`set_batch_delay`](crate::set_batch_delay)) after the last `Shared`
@@ -59,7 +61,7 @@
 //! | `Debug`, `Display`, `{:p}`, `Hash`, `==`, `<`, `Borrow`, `AsRef` | the same, delegated to `T` |
 //! | `Send`, `Sync`, `Unpin`, `UnwindSafe` | the same conditions |
 //! | `strong_count`, `weak_count`, `Weak::strong_count`, `Weak::weak_count` | the same (snapshots); a promoted value's strong count is a racy sum of its per-CPU counts, exact while nobody clones or drops it |
-//! | `get_mut`, `make_mut`, `try_unwrap`, `unwrap_or_clone` | the same for a value in atomic mode (`Arc`'s lock on the allocation count; `Arc`'s compare-and-swap of the count from one to zero); on a promoted one `get_mut` is `None`, `try_unwrap` fails, and `make_mut` and `unwrap_or_clone` clone `T` (an exact count of a promoted value takes a grace period) |
+//! | `get_mut`, `make_mut`, `try_unwrap`, `unwrap_or_clone` | the same (`Arc`'s lock on the allocation count; `Arc`'s compare-and-swap of the count from one to zero); on a promoted value they run in an exact window: the ref is switched to atomic mode (a grace period, about 1 µs on an idle 2-vCPU machine, more when the value waits for the engine) and handed back to the engine after. On the engine's own thread a promoted value's checks give the conservative answer (`None`, `Err`, a clone) |
 //! | `into_inner` | the same ([`Shared::into_inner`]: exactly one of the last handles gets `T`); on a promoted value it waits for the engine, which alone learns which drop was the last (as [`flush`](crate::flush): about 0.1 ms on an idle 2-vCPU machine) |
 //! | `Arc::new_cyclic` | the same ([`Shared::new_cyclic`]: its `Weak`s cannot upgrade until the value is made) |
 //! | `increment_strong_count`, `decrement_strong_count` | the same |

@@ -9,10 +9,11 @@
 //! Tests that cannot apply, and why:
 //! - `make_mut_unsized`: `T: ?Sized` is not supported (below).
 //!
-//! Where `Shared` differs on purpose, the test says so: `get_mut` is `None`
-//! on a promoted value (unique or not), so `make_mut` clones it, and
-//! `try_unwrap` fails on it (so `unwrap_or_clone` clones); the `make_mut`
-//! and `unwrap_or_clone` tests check the values std's check, on both kinds.
+//! Where `Shared` differs on purpose, the test says so: `make_mut` of a
+//! unique value that has `Weak`s clones it (where `Arc` moves it), and the
+//! exact checks of a promoted value (`get_mut`, `try_unwrap`, hence
+//! `make_mut` and `unwrap_or_clone`) give the conservative answer on the
+//! grace-period engine's own thread.
 //! - `test_unsized`, `test_maybe_thin_unsized`, `test_into_from_raw_unsized`,
 //!   `test_into_from_weak_raw_unsized`, `test_from_str`,
 //!   `test_copy_from_slice`, `test_clone_from_slice`,
@@ -363,24 +364,124 @@ fn variance() {
 
 #[test]
 fn test_arc_get_mut() {
-    let mut x = Shared::new(3);
-    *Shared::get_mut(&mut x).unwrap() = 4;
-    assert_eq!(*x, 4);
-    let y = x.clone();
-    assert!(Shared::get_mut(&mut x).is_none());
-    drop(y);
-    assert!(Shared::get_mut(&mut x).is_some());
-    let _w = Shared::downgrade(&x);
-    assert!(Shared::get_mut(&mut x).is_none());
-}
-
-/// Differs from `Arc`: a promoted value is never unique to `get_mut`.
-#[test]
-fn get_mut_of_a_promoted_value_is_none() {
-    let mut x = made(3, true);
-    if Shared::is_percpu(&x) {
+    for promote in [false, true] {
+        let mut x = made(3, promote);
+        *Shared::get_mut(&mut x).unwrap() = 4;
+        assert_eq!(*x, 4);
+        let y = x.clone();
+        assert!(Shared::get_mut(&mut x).is_none());
+        drop(y);
+        assert!(Shared::get_mut(&mut x).is_some());
+        let _w = Shared::downgrade(&x);
         assert!(Shared::get_mut(&mut x).is_none());
     }
+}
+
+/// A promoted value's exact check hands it back to the engine: still per
+/// CPU after a `get_mut` (unique or not), and dropped by the engine later.
+#[test]
+fn exact_get_mut_hands_the_value_back_to_the_engine() {
+    let mut x = made(Canary::new(3), true);
+    if !Shared::is_percpu(&x) {
+        return; // the backend cannot promote
+    }
+    let drops = x.drops.clone();
+    Shared::get_mut(&mut x).expect("the only handle").v = 4;
+    assert!(
+        Shared::is_percpu(&x),
+        "get_mut left the value in atomic mode"
+    );
+    let y = x.clone();
+    assert!(Shared::get_mut(&mut x).is_none());
+    assert!(
+        Shared::is_percpu(&x),
+        "get_mut left the value in atomic mode"
+    );
+    drop(y);
+    assert_eq!(x.v, 4);
+    drop(x);
+    assert_eq!(
+        drops.load(SeqCst),
+        0,
+        "a promoted value is dropped by the engine"
+    );
+    percpu_ref::flush();
+    assert_eq!(drops.load(SeqCst), 1);
+}
+
+/// `get_mut` of a promoted value while other threads (more than cores)
+/// clone, read and drop it, and make `Weak`s that upgrade after their
+/// handle is gone: a `&mut T` never coexists with a reader (no check finds
+/// the value unique while they live), and once they are gone it is `Some`.
+#[test]
+fn exact_get_mut_against_clones_drops_and_upgrades() {
+    use std::sync::atomic::AtomicBool;
+    struct Guarded {
+        readers: AtomicUsize,
+        writing: AtomicBool,
+    }
+    impl Guarded {
+        fn read(&self) {
+            self.readers.fetch_add(1, SeqCst);
+            assert!(!self.writing.load(SeqCst), "a reader beside get_mut's &mut");
+            self.readers.fetch_sub(1, SeqCst);
+        }
+    }
+    let mut x = made(
+        Guarded {
+            readers: AtomicUsize::new(0),
+            writing: AtomicBool::new(false),
+        },
+        true,
+    );
+    let stop = Arc::new(AtomicBool::new(false));
+    let hs: Vec<_> = (0..4)
+        .map(|_| {
+            let (mine, stop) = (x.clone(), stop.clone());
+            thread::spawn(move || {
+                for i in 0usize.. {
+                    let c = mine.clone();
+                    c.read();
+                    if i % 16 == 0 {
+                        // A `Weak` for a moment, upgraded after its
+                        // handle is gone (`get_mut` must lock it out).
+                        let w = Shared::downgrade(&c);
+                        drop(c);
+                        if let Some(u) = w.upgrade() {
+                            u.read();
+                        }
+                    }
+                    if stop.load(SeqCst) {
+                        break;
+                    }
+                }
+                mine // dropped once joined, after the loop below
+            })
+        })
+        .collect();
+    // Each check of a promoted value is a grace period: a count of them,
+    // within a bound of time (an emulated guest's are slow).
+    let (mut unique, mut checks) = (0, 0);
+    let start = std::time::Instant::now();
+    let target = if cfg!(miri) { 3 } else { 2_000 };
+    while checks < target && start.elapsed() < std::time::Duration::from_secs(3) {
+        checks += 1;
+        if let Some(m) = Shared::get_mut(&mut x) {
+            // `&mut`: nobody else can look; the flag is for the readers'
+            // asserts, which would fail if one ran beside this.
+            m.writing.store(true, SeqCst);
+            assert_eq!(m.readers.load(SeqCst), 0);
+            m.writing.store(false, SeqCst);
+            unique += 1;
+        }
+    }
+    stop.store(true, SeqCst);
+    assert_eq!(unique, 0, "unique while other handles and Weaks lived");
+    eprintln!("{checks} exact checks");
+    for h in hs {
+        drop(h.join().unwrap());
+    }
+    assert!(Shared::get_mut(&mut x).is_some());
 }
 
 #[test]
@@ -431,8 +532,8 @@ fn test_cowarc_clone_weak() {
     }
 }
 
-/// `make_mut` of a unique value in atomic mode changes it in place, as
-/// `Arc`'s (no clone: `T::clone` would panic).
+/// `make_mut` of a unique value changes it in place, as `Arc`'s (no clone:
+/// `T::clone` would panic), promoted or not.
 #[test]
 fn make_mut_of_a_unique_value_does_not_clone() {
     struct NoClone(u32);
@@ -441,11 +542,13 @@ fn make_mut_of_a_unique_value_does_not_clone() {
             panic!("make_mut cloned a unique value")
         }
     }
-    let mut x = Shared::new(NoClone(1));
-    Shared::make_mut(&mut x).0 = 2;
-    let p = Shared::as_ptr(&x);
-    Shared::make_mut(&mut x).0 = 3;
-    assert_eq!((x.0, Shared::as_ptr(&x)), (3, p));
+    for promote in [false, true] {
+        let mut x = made(NoClone(1), promote);
+        Shared::make_mut(&mut x).0 = 2;
+        let p = Shared::as_ptr(&x);
+        Shared::make_mut(&mut x).0 = 3;
+        assert_eq!((x.0, Shared::as_ptr(&x)), (3, p));
+    }
 }
 
 #[test]
@@ -536,42 +639,76 @@ fn test_weak_count_locked() {
 
 #[test]
 fn try_unwrap() {
-    let x = Shared::new(3);
-    assert_eq!(Shared::try_unwrap(x), Ok(3));
-    let x = Shared::new(4);
-    let _y = x.clone();
-    assert_eq!(Shared::try_unwrap(x), Err(Shared::new(4)));
-    let x = Shared::new(5);
-    let _w = Shared::downgrade(&x);
-    assert_eq!(Shared::try_unwrap(x), Ok(5));
-}
-
-/// Differs from `Arc`: a promoted value is never unwrapped (its count is
-/// per CPU), not even its only handle.
-#[test]
-fn try_unwrap_of_a_promoted_value_fails() {
-    let x = made(3, true);
-    if Shared::is_percpu(&x) {
+    for promote in [false, true] {
+        let x = made(3, promote);
+        assert_eq!(Shared::try_unwrap(x), Ok(3));
+        let x = made(4, promote);
+        let _y = x.clone();
         let x = Shared::try_unwrap(x).unwrap_err();
-        assert_eq!(Shared::strong_count(&x), 1);
+        assert_eq!(*x, 4);
+        // Handed back to the engine, still shared by two handles.
+        assert_eq!(Shared::is_percpu(&x), promote && Shared::is_percpu(&_y));
+        let x = made(5, promote);
+        let _w = Shared::downgrade(&x);
+        assert_eq!(Shared::try_unwrap(x), Ok(5));
     }
 }
 
 /// The value moved out is not dropped by the block (once, by its new
-/// owner), the block is freed with the last `Weak`, and the `Weak`s fail
-/// to upgrade from the unwrap on.
+/// owner, also for a promoted value: no release runs), the block is freed
+/// with the last `Weak`, and the `Weak`s fail to upgrade from the unwrap on.
 #[test]
 fn try_unwrap_moves_the_value_out_once() {
-    let x = Shared::new(Canary::new(7));
-    let drops = x.drops.clone();
-    let w = Shared::downgrade(&x);
-    let c = Shared::try_unwrap(x).ok().expect("the only handle");
-    assert_eq!((c.v, drops.load(SeqCst)), (7, 0));
-    assert!(w.upgrade().is_none());
-    assert_eq!((w.strong_count(), w.weak_count()), (0, 0));
-    drop(w);
-    assert_eq!(drops.load(SeqCst), 0);
-    drop(c);
+    for promote in [false, true] {
+        let x = made(Canary::new(7), promote);
+        let drops = x.drops.clone();
+        let w = Shared::downgrade(&x);
+        let c = Shared::try_unwrap(x).ok().expect("the only handle");
+        assert_eq!((c.v, drops.load(SeqCst)), (7, 0));
+        assert!(w.upgrade().is_none());
+        assert_eq!((w.strong_count(), w.weak_count()), (0, 0));
+        percpu_ref::flush();
+        drop(w);
+        assert_eq!(drops.load(SeqCst), 0);
+        drop(c);
+        assert_eq!(drops.load(SeqCst), 1);
+    }
+}
+
+/// On the engine's thread (here: a promoted value's `Drop`, run by its
+/// release) a promoted value's exact checks give the conservative answer,
+/// `None` and `Err`, without waiting for the engine; nothing is lost.
+#[test]
+fn exact_checks_on_the_engine_thread_are_conservative() {
+    struct Holder {
+        inner: Option<Shared<Canary>>,
+        said: std::sync::mpsc::Sender<(bool, bool)>,
+    }
+    impl Drop for Holder {
+        fn drop(&mut self) {
+            let mut inner = self.inner.take().unwrap();
+            let got_mut = Shared::get_mut(&mut inner).is_some();
+            let unwrapped = Shared::try_unwrap(inner).is_ok();
+            self.said.send((got_mut, unwrapped)).unwrap();
+        }
+    }
+    let inner = made(Canary::new(1), true);
+    if !Shared::is_percpu(&inner) {
+        return;
+    }
+    let drops = inner.drops.clone();
+    let (said, heard) = channel();
+    let holder = made(
+        Holder {
+            inner: Some(inner),
+            said,
+        },
+        true,
+    );
+    drop(holder);
+    percpu_ref::flush();
+    assert_eq!(heard.recv().unwrap(), (false, false));
+    percpu_ref::flush(); // the inner value, dropped by its `Err` handle
     assert_eq!(drops.load(SeqCst), 1);
 }
 
@@ -580,32 +717,40 @@ fn try_unwrap_moves_the_value_out_once() {
 /// is dropped once, by the test.
 #[test]
 fn try_unwrap_after_other_threads_drop() {
-    let rounds = if cfg!(miri) { 3 } else { 2_000 };
-    for _ in 0..rounds {
-        let mut x = Shared::new(Canary::new(1));
-        let drops = x.drops.clone();
-        let hs: Vec<_> = (0..3)
-            .map(|_| {
-                let y = x.clone();
-                thread::spawn(move || drop(y))
-            })
-            .collect();
-        let value = loop {
-            match Shared::try_unwrap(x) {
-                Ok(v) => break v,
-                Err(back) => {
-                    x = back;
-                    thread::yield_now();
-                }
-            }
-        };
-        for h in hs {
-            h.join().unwrap();
-        }
-        assert_eq!(drops.load(SeqCst), 0);
-        drop(value);
-        assert_eq!(drops.load(SeqCst), 1);
+    for promote in [false, true] {
+        let rounds = if cfg!(miri) { 3 } else { 2_000 };
+        rounds_within(rounds, std::time::Duration::from_secs(3), || {
+            try_unwrap_round(promote);
+        });
     }
+}
+
+/// One round of [`try_unwrap_after_other_threads_drop`]: three threads
+/// drop their handles while this one unwraps in a loop.
+fn try_unwrap_round(promote: bool) {
+    let mut x = made(Canary::new(1), promote);
+    let drops = x.drops.clone();
+    let hs: Vec<_> = (0..3)
+        .map(|_| {
+            let y = x.clone();
+            thread::spawn(move || drop(y))
+        })
+        .collect();
+    let value = loop {
+        match Shared::try_unwrap(x) {
+            Ok(v) => break v,
+            Err(back) => {
+                x = back;
+                thread::yield_now();
+            }
+        }
+    };
+    for h in hs {
+        h.join().unwrap();
+    }
+    assert_eq!(drops.load(SeqCst), 0);
+    drop(value);
+    assert_eq!(drops.load(SeqCst), 1);
 }
 
 /// std's `into_inner`, on both kinds: of two handles given to two threads,
@@ -813,14 +958,8 @@ fn into_from_weak_raw() {
             let y_up = Weak::upgrade(&y).unwrap();
             assert_eq!(**y_up, "hello");
             drop(y_up);
-            if promote && Shared::is_percpu(&x) {
-                // Never unwrapped once promoted: dropped by the engine.
-                drop(Shared::try_unwrap(x).unwrap_err());
-                percpu_ref::flush();
-                assert!(y.upgrade().is_none());
-            } else {
-                assert_eq!(Shared::try_unwrap(x).map(|x| *x), Ok("hello"));
-            }
+            assert_eq!(Shared::try_unwrap(x).map(|x| *x), Ok("hello"));
+            assert!(y.upgrade().is_none());
         }
     }
 }
@@ -1088,7 +1227,7 @@ fn wakers_count_every_wake_and_drop_the_task_once() {
                 thread::spawn(move || {
                     for i in 0..per_thread {
                         let c = w.clone();
-                        if i % 2 == 0 {
+                        if i % 16 == 0 {
                             c.wake();
                         } else {
                             c.wake_by_ref();

@@ -77,7 +77,12 @@
 //!    switch lock and with nothing pending, one compare-and-swap clears
 //!    `MANAGED`, `UNMARKED` and `POLLED` and restores the bound, and the
 //!    stand-in is put. From then on the ref is an ordinary ref whose base
-//!    reference its caller holds.
+//!    reference its caller holds. The one switch that hands the ref back
+//!    is `with_exact_count`'s (`shared::Shared`'s `get_mut` and
+//!    `try_unwrap` of a promoted value): under the same hold of the lock
+//!    it switches to atomic mode, lets its caller read the exact count or
+//!    elect from exactly 1 without `release`, and, unless it elected,
+//!    takes a new stand-in and goes back to managed percpu mode.
 //!
 //! Where nothing is per CPU (the sharded backend, or a ref already in
 //! atomic mode) `switch_to_managed` keeps the ref in atomic mode (a
@@ -87,8 +92,8 @@
 
 use super::deferred::report_engine_panic;
 use super::switch::miscount_message;
-use super::{PercpuRef, SwitchGuard};
-use crate::atomic_mode::PutOutcome;
+use super::{AfterUnlock, PercpuRef, SwitchGuard};
+use crate::atomic_mode::{AtomicCount, PutOutcome};
 use crate::flags::Error;
 use crate::grace::{self, Callback, Entry};
 use crate::percpu::{
@@ -96,6 +101,7 @@ use crate::percpu::{
     MODE_UNMARKED,
 };
 use crate::sync::Ordering;
+use std::cell::Cell;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::pin::Pin;
 
@@ -159,6 +165,40 @@ pub(super) fn flush() {
         if queued().load(crate::sync::unmodeled::Ordering::Relaxed) == before {
             return;
         }
+    }
+}
+
+/// The count of a ref in [`PercpuRef::with_exact_count`]'s window: atomic
+/// mode, exact, under the switch lock.
+pub(crate) struct ExactCount<'a> {
+    count: &'a AtomicCount,
+    elected: Cell<bool>,
+}
+
+impl ExactCount<'_> {
+    /// Whether the count is exactly 1 (the caller's reference), with
+    /// acquire: every other reference's accesses before its put happen
+    /// before the caller's next ones.
+    pub(crate) fn is_one(&self) -> bool {
+        self.count.is_one()
+    }
+
+    /// Elects the release of the caller's reference if it is the last, in
+    /// one compare-and-swap from exactly 1 that fails against any get,
+    /// tryget or put since, as the managed window's election; `release`
+    /// then does not run: the caller takes over what it would do.
+    pub(crate) fn elect_last(&self) -> bool {
+        let elected = self.count.elect_release_of_last();
+        self.elected.set(elected);
+        elected
+    }
+
+    /// Only for the mutant `shared_exact_take_by_check`: released by a
+    /// store after [`is_one`](Self::is_one). True.
+    pub(crate) fn mark_elected(&self) -> bool {
+        self.count.store_released();
+        self.elected.set(true);
+        true
     }
 }
 
@@ -292,6 +332,16 @@ impl PercpuRef {
         if mode & (MODE_ATOMIC | MODE_DEAD | MODE_MANAGED) != MODE_ATOMIC {
             return false;
         }
+        r.promote_locked(&mut g, mode);
+        true
+    }
+
+    /// [`promote_to_managed`](Self::promote_to_managed)'s switch, under the
+    /// switch lock, from plain atomic mode (`mode`), with the caller's
+    /// reference held.
+    fn promote_locked(&self, g: &mut SwitchGuard<'_>, mode: usize) {
+        const OP: &str = "shared::Shared::promote";
+        let r = self;
         if r.count.add_bias().is_err() {
             unreachable!("percpu_ref: {OP}: the caller's reference keeps the count above zero");
         }
@@ -315,7 +365,93 @@ impl PercpuRef {
             Ordering::Release,
         );
         g.state.force_atomic = false;
-        true
+    }
+
+    /// For `shared::Shared`'s exact answers on a promoted value (`get_mut`,
+    /// `try_unwrap`): ends the management and switches to atomic mode (a
+    /// grace period), runs `f` on the now exact count under the same hold
+    /// of the switch lock, and hands the ref back to the engine in managed
+    /// percpu mode, as [`promote_to_managed`](Self::promote_to_managed),
+    /// unless `f` elected the release of the caller's last reference
+    /// ([`ExactCount::elect_last`]): the ref is then dead and released, and
+    /// `release` does not run (the caller does what it would have done).
+    ///
+    /// The caller holds a reference throughout, so the count stays above
+    /// zero until `f` elects; no other switch can run between the switch
+    /// and `f`'s answer, which would make the count per CPU again.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::GracePeriodFailed`] if the kernel refused the grace period:
+    /// `f` has not run and the ref is managed again.
+    ///
+    /// # Panics
+    ///
+    /// On misuse the fold finds (more puts than gets: a `from_raw` of a
+    /// pointer that `into_raw` did not give); the ref is then left parked,
+    /// as any ref whose fold finds it.
+    pub(crate) fn with_exact_count<R>(
+        self: Pin<&Self>,
+        op: &'static str,
+        f: impl FnOnce(&ExactCount<'_>) -> R,
+    ) -> Result<R, Error> {
+        let r = self.get_ref();
+        // Ends the management: the stand-in is put (the caller's reference
+        // keeps the count above zero).
+        let mut g = r.lock_switch(op);
+        let mode = r.mode();
+        let switch = match r.switch_to_atomic_locked(&mut g, |_| {}, mode, op) {
+            Ok(s) => s,
+            Err(e) => {
+                // Still percpu, unmanaged: managed again, as it was.
+                r.manage_locked(&g, mode);
+                return Err(e);
+            }
+        };
+        let mut after = AfterUnlock::default();
+        // The temporary reference is put: never the last (the caller's).
+        r.finish_atomic_switch(&mut after, switch, op, false);
+        if after.panic.is_some() {
+            drop(g);
+            r.run_after_unlock(after);
+            unreachable!("percpu_ref::{op}: a miscounted fold panics");
+        }
+        let exact = ExactCount {
+            count: &r.count,
+            elected: Cell::new(false),
+        };
+        let out = f(&exact);
+        if exact.elected.get() {
+            // As the window's election: dead, so that no `tryget_live`
+            // succeeds either.
+            // ordering-audit: Relaxed: under the switch lock with nothing
+            // pending; the election's compare-and-swap decided the count.
+            r.mode.store(r.mode() | MODE_DEAD, Ordering::Relaxed);
+        } else {
+            // mutant shared_exact_stays_atomic: the ref is left in atomic
+            // mode, unmanaged, after a count that was not the caller's
+            // alone (correct, but never per CPU again: no model can tell,
+            // and the test `exact_get_mut_hands_the_value_back_to_the_engine`
+            // does).
+            if !mutated!("shared_exact_stays_atomic") {
+                r.promote_locked(&mut g, r.mode());
+            }
+        }
+        drop(g);
+        r.run_after_unlock(after);
+        Ok(out)
+    }
+
+    /// Makes a ref in percpu mode (`mode`, not managed) managed again,
+    /// under the switch lock, as `switch_to_managed` does.
+    fn manage_locked(&self, _g: &SwitchGuard<'_>, mode: usize) {
+        // The stand-in, then idle and unmarked: the first put marks it.
+        self.get();
+        // ordering-audit: Relaxed: as `switch_to_managed`'s store.
+        self.mode.store(
+            mode & !MODE_LIMIT | MODE_MANAGED | MODE_UNMARKED,
+            Ordering::Relaxed,
+        );
     }
 
     /// The put of `shared::Shared` that its per-CPU section did not count

@@ -320,7 +320,7 @@ impl PercpuRef {
     /// `undo_mode` is the mode word to restore if the grace period fails
     /// (a kill has already set `DEAD`); the switch is then undone and
     /// `confirm` not run.
-    fn switch_to_atomic_locked(
+    pub(super) fn switch_to_atomic_locked(
         &self,
         _g: &mut SwitchGuard<'_>,
         confirm: impl FnOnce(&PercpuRef),

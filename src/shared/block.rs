@@ -64,9 +64,11 @@
 //!    `Weak::upgrade`'s reference for as long as it takes).
 //! 2. `T` is dropped exactly once, or moved out once instead: by the drop
 //!    that takes the word's count from one to zero (`try_unwrap` and
-//!    `into_inner` move it out there), or by the ref's `release` (which
+//!    `into_inner` move it out there), by the ref's `release` (which
 //!    leaves it to a waiting `into_inner`: below, "`Shared::into_inner` of
-//!    a promoted value"). The count reaches
+//!    a promoted value"), or moved out by a promoted value's `try_unwrap`,
+//!    whose election from exactly one in the ref's exact window runs no
+//!    `release` (`PercpuRef::with_exact_count`). The count reaches
 //!    zero once: nothing adds to a count of zero (an upgrade compares, a
 //!    tryget fails at zero), and a word whose count is zero is never
 //!    handed over (the promoter holds a reference). The one count that
@@ -121,6 +123,17 @@ const PROVISIONAL: usize = MAX_COUNT + 1;
 const _: () = assert!(PROMOTE_AFTER.is_power_of_two() && PROMOTING < ONE && PROMOTING > CLONE_ONE);
 // The tag needs the ref's address to be even (it is aligned to 16 bytes).
 const _: () = assert!(std::mem::align_of::<PercpuRef>() > TAGGED);
+
+/// What [`Block::take_last`] did.
+pub(super) enum Taken {
+    /// Not the only reference: nothing changed.
+    No,
+    /// The word's count, from one to zero.
+    InWord,
+    /// A promoted value's ref, elected from one to released: `release`
+    /// does not run ([`move_out_elected`]).
+    Elected,
+}
 
 /// The allocation count while [`Block::is_unique`] holds it locked (as
 /// `Arc`'s weak count): a `downgrade` waits, so no `Weak` can appear
@@ -359,7 +372,17 @@ impl<T> Block<T> {
         #[cfg(percpu_ref_mutant = "shared_get_mut_check_relaxed")]
         let check = Ordering::Relaxed;
         let w = self.state.load(check);
-        let unique = w & TAGGED == 0 && count(w) == 1;
+        if w & TAGGED != 0 {
+            // Promoted (for good): the count is per CPU. Unlocked first
+            // (no `Weak` waits through a grace period); the exact check
+            // locks it again once the count is exact.
+            // ordering-audit: Relaxed: nothing was checked under this hold.
+            self.units.store(1, Ordering::Relaxed);
+            // SAFETY: tagged; the caller's reference keeps the block and
+            // its ref.
+            return self.is_unique_promoted(unsafe { ref_at(w) });
+        }
+        let unique = count(w) == 1;
         // ordering-audit: kept: Release (as `Arc::is_unique`'s unlock): the
         // check's load above stays before the unlock, so it cannot read a
         // drop by a handle whose `downgrade` read the unlocked count (and
@@ -371,18 +394,76 @@ impl<T> Block<T> {
         unique
     }
 
+    /// [`is_unique`](Self::is_unique) of a promoted value: `Arc`'s check
+    /// (the allocation count locked, then the strong count read), made in
+    /// the ref's exact window: atomic mode, after a grace period, under
+    /// its switch lock (`PercpuRef::with_exact_count`), which then hands
+    /// the ref back to the engine. False on the engine's thread (a release
+    /// or confirm there may not wait for a grace period of its own: the
+    /// engine may be what it waits on) and if the kernel refused the grace
+    /// period.
+    #[cold]
+    #[inline(never)]
+    fn is_unique_promoted(&self, r: &PercpuRef) -> bool {
+        // ordering-audit: Relaxed: a first look (a `Weak` exists now, or a
+        // taker's unit: not unique at this instant); decided below.
+        if self.units.load(Ordering::Relaxed) != 1 || crate::grace::on_engine() {
+            return false;
+        }
+        // SAFETY: the ref is boxed and never moves until the block is freed.
+        let pref = unsafe { Pin::new_unchecked(r) };
+        pref.with_exact_count("shared::Shared::get_mut", |exact| {
+            // As above: locked, so that no `Weak` upgrades between the
+            // count's read and the caller's use of `T`.
+            // mutant shared_exact_ignores_weak: the promoted check reads the
+            // count without locking the allocation count (an upgrade through
+            // a `Weak` that is then dropped goes unseen).
+            if mutated!("shared_exact_ignores_weak") {
+                return exact.is_one();
+            }
+            // ordering-audit: kept: Acquire, as `Arc::is_unique`'s: the
+            // `Weak` whose drop this reads may have upgraded meanwhile (a
+            // get and a put on the count); acquired, the count's load below
+            // cannot read a value from before them, which would let the
+            // upgraded handle's read of `T` race the caller's write. No
+            // model finds that stale read within its bounds.
+            if self
+                .units
+                .compare_exchange(1, UNITS_LOCKED, Ordering::Acquire, Ordering::Relaxed)
+                .is_err()
+            {
+                return false;
+            }
+            let unique = exact.is_one();
+            // ordering-audit: kept: Release, as the unlock above (the
+            // load-buffering shape that loom does not model).
+            self.units.store(1, Ordering::Release);
+            unique
+        })
+        .unwrap_or(false)
+    }
+
     /// Takes the strong count from one to zero if the caller's handle is
     /// the value's only reference, as `Arc::try_unwrap`: `T` is then the
     /// caller's to move out, and the caller owes the strong count's unit
-    /// ([`move_out_last`] does both). False once promoted (no exact count without a
-    /// grace period). A `Weak` cannot stop it: its upgrades fail from the
-    /// zero on.
-    pub(super) fn take_last(&self) -> bool {
+    /// ([`move_out_last`] does both). A `Weak` cannot stop it: its
+    /// upgrades fail from the zero on. Once promoted, the count is taken in
+    /// the ref's exact window ([`take_last_promoted`](Self::take_last_promoted)).
+    pub(super) fn take_last(&self) -> Taken {
         // ordering-audit: Relaxed: a first read, checked by the
         // compare-and-swap.
         let w = self.state.load(Ordering::Relaxed);
-        if w & TAGGED != 0 || count(w) != 1 {
-            return false;
+        if w & TAGGED != 0 {
+            // SAFETY: tagged; the caller's reference keeps the block and
+            // its ref.
+            return if Self::take_last_promoted(unsafe { ref_at(w) }) {
+                Taken::Elected
+            } else {
+                Taken::No
+            };
+        }
+        if count(w) != 1 {
+            return Taken::No;
         }
         // mutant shared_take_last_by_store: the count is zeroed by a store
         // after the load (an upgrade in between reads `T` after it was
@@ -392,11 +473,11 @@ impl<T> Block<T> {
             // compare-and-swap's acquire.
             let w = self.state.load(Ordering::Acquire);
             if count(w) != 1 {
-                return false;
+                return Taken::No;
             }
             // ordering-audit: Relaxed: only the mutant's store.
             self.state.store(w - ONE, Ordering::Relaxed);
-            return true;
+            return Taken::InWord;
         }
         // Acquire: the other handles' drops released their reads of `T`
         // with their compare-and-swaps on the word (as `Arc::try_unwrap`'s
@@ -410,9 +491,39 @@ impl<T> Block<T> {
         let order = Ordering::Acquire;
         #[cfg(percpu_ref_mutant = "shared_take_last_relaxed")]
         let order = Ordering::Relaxed;
-        self.state
+        match self
+            .state
             .compare_exchange(w, w - ONE, order, Ordering::Relaxed)
-            .is_ok()
+        {
+            Ok(_) => Taken::InWord,
+            Err(_) => Taken::No,
+        }
+    }
+
+    /// [`take_last`](Self::take_last) of a promoted value: in the ref's
+    /// exact window, the election from exactly one reference (the
+    /// caller's) to released, without `release` (the caller moves `T`
+    /// out instead); the ref stays dead, and the block frees it. False on
+    /// the engine's thread and if the kernel refused the grace period (as
+    /// [`is_unique_promoted`](Self::is_unique_promoted)).
+    #[cold]
+    #[inline(never)]
+    fn take_last_promoted(r: &PercpuRef) -> bool {
+        if crate::grace::on_engine() {
+            return false;
+        }
+        // SAFETY: the ref is boxed and never moves until the block is freed.
+        let pref = unsafe { Pin::new_unchecked(r) };
+        pref.with_exact_count("shared::Shared::try_unwrap", |exact| {
+            // mutant shared_exact_take_by_check: the promoted election is a
+            // check of the count and no compare-and-swap (an upgrade
+            // through a `Weak` after the check holds a value moved out).
+            if mutated!("shared_exact_take_by_check") {
+                return exact.is_one() && exact.mark_elected();
+            }
+            exact.elect_last()
+        })
+        .unwrap_or(false)
     }
 
     /// The strong count, as `Arc::strong_count`: exact in the word (a
@@ -873,6 +984,26 @@ pub(super) unsafe fn move_out_last<T>(p: NonNull<Block<T>>) -> T {
     // SAFETY: `T` was moved out: the strong count's unit is ours to give
     // up, once (after the read: the last unit frees the block).
     unsafe { drop_count_unit(p) };
+    value
+}
+
+/// [`move_out_last`] for a promoted block whose ref's count the caller
+/// elected from one to released ([`Block::take_last`]): `release` never
+/// runs, so the strong count's unit is given up here, and the last unit
+/// frees the ref with the block.
+///
+/// # Safety
+///
+/// The caller's election took the ref's count to released, once, and its
+/// `PercpuRef` call has returned.
+pub(super) unsafe fn move_out_elected<T>(p: NonNull<Block<T>>) -> T {
+    // SAFETY: as `move_out_last`: the count reached zero once, by the
+    // caller's election, and no `release` will touch `T`.
+    let value = unsafe { std::ptr::read(value_ptr(p)) };
+    // SAFETY: the strong count's unit, given up once; the ref is no longer
+    // touched by the caller, nor by the engine (its management ended
+    // before the election).
+    unsafe { drop_unit::<T>(p.as_ptr().cast_const().cast()) };
     value
 }
 

@@ -1,8 +1,8 @@
 //! [`Shared`], the handle, and the traits it delegates to `T`.
 
 use super::block::{
-    alloc, alloc_unpublished, block, block_of, into_inner_promoted, move_out_last, publish,
-    put_in_word, put_ref, value_ptr, Block, InWord,
+    alloc, alloc_unpublished, block, block_of, into_inner_promoted, move_out_elected,
+    move_out_last, publish, put_in_word, put_ref, value_ptr, Block, InWord, Taken,
 };
 use super::Weak;
 use std::borrow::Borrow;
@@ -355,12 +355,23 @@ impl<T> Shared<T> {
 
 impl<T> Shared<T> {
     /// `&mut T` if this is the value's only handle and no [`Weak`] exists,
-    /// as `Arc::get_mut`; `None` otherwise, **and also once the value was
-    /// promoted**: its count is per CPU, and an exact one would take a
-    /// switch to atomic mode (a grace period). An unpromoted value's check
-    /// is `Arc`'s (a compare-and-swap on the allocation count, which a
+    /// as `Arc::get_mut`; `None` otherwise. An unpromoted value's check is
+    /// `Arc`'s (a compare-and-swap on the allocation count, which a
     /// concurrent [`downgrade`](Self::downgrade) waits for, and a load).
-    /// [`make_mut`](Self::make_mut) never fails: it clones `T` instead.
+    ///
+    /// **A promoted value's count is per CPU**, so its check first makes
+    /// the count exact: the value's ref is switched to atomic mode (a grace
+    /// period: under 1 µs on an idle 2-vCPU machine; tens of µs when a drop
+    /// has just queued the value for the engine, whose hand-back it waits
+    /// for; docs/performance.md), `Arc`'s check runs there, and the
+    /// ref goes back to per-CPU counting under the engine, unique or not.
+    /// Meanwhile the other handles' clones and drops count on one shared
+    /// counter. Not for a hot loop on a promoted value: check once, or keep
+    /// the `&mut`.
+    ///
+    /// On the grace-period engine's own thread (in a deferred `release` or
+    /// `confirm`, such as another promoted value's `Drop`) a promoted
+    /// value's check is `None` without looking: it may not wait there.
     ///
     /// # Examples
     ///
@@ -373,10 +384,9 @@ impl<T> Shared<T> {
     /// assert!(Shared::get_mut(&mut s).is_none()); // not the only handle
     /// drop(other);
     /// assert!(Shared::get_mut(&mut s).is_some());
-    /// Shared::promote(&s);
-    /// if Shared::is_percpu(&s) {
-    ///     assert!(Shared::get_mut(&mut s).is_none()); // promoted: no exact count
-    /// }
+    /// Shared::promote(&s); // per CPU (where the backend can)
+    /// *Shared::get_mut(&mut s).unwrap() = 5; // exact: a grace period
+    /// assert_eq!(*s, 5);
     /// ```
     #[must_use]
     pub fn get_mut(this: &mut Self) -> Option<&mut T> {
@@ -450,17 +460,21 @@ impl<T> Shared<T> {
 impl<T> Shared<T> {
     /// `T`, if this is the value's only handle, as `Arc::try_unwrap`
     /// (`Weak`s do not stop it: they fail to upgrade from then on); the
-    /// handle back otherwise, **and also once the value was promoted**
-    /// (as [`get_mut`](Self::get_mut): its count is per CPU). It is `Arc`'s
-    /// one compare-and-swap on the count.
+    /// handle back otherwise. It is `Arc`'s one compare-and-swap on the
+    /// count; once the value was promoted, the same compare-and-swap on the
+    /// ref's count made exact first, as [`get_mut`](Self::get_mut) does (a
+    /// grace period), and the ref goes back to per-CPU counting if the
+    /// value stays. On the grace-period engine's own thread a promoted
+    /// value's `try_unwrap` fails without looking (as `get_mut`).
     ///
-    /// [`into_inner`](Self::into_inner) gives `T` to the last handle in
-    /// either mode (waiting for the engine once promoted).
+    /// If all handles may be given up at once, on several threads, use
+    /// [`into_inner`](Self::into_inner): exactly one of them gets `T`,
+    /// where each `try_unwrap` may fail.
     ///
     /// # Errors
     ///
-    /// `this`, if another `Shared` of the value exists or the value was
-    /// promoted.
+    /// `this`, if another `Shared` of the value exists (or, on the engine's
+    /// thread, the value was promoted).
     ///
     /// # Examples
     ///
@@ -473,12 +487,21 @@ impl<T> Shared<T> {
     /// assert_eq!(Shared::try_unwrap(s).unwrap(), "only");
     /// ```
     pub fn try_unwrap(this: Self) -> Result<T, Self> {
-        if !this.block().take_last() {
-            return Err(this);
-        }
+        let promoted = match this.block().take_last() {
+            Taken::No => return Err(this),
+            Taken::InWord => false,
+            Taken::Elected => true,
+        };
         let this = ManuallyDrop::new(this);
-        // SAFETY: `take_last` took the count from one (ours) to zero.
-        Ok(unsafe { move_out_last(this.ptr) })
+        if promoted {
+            // SAFETY: `take_last` elected the ref's count from one (ours)
+            // to released, and its call returned.
+            Ok(unsafe { move_out_elected(this.ptr) })
+        } else {
+            // SAFETY: `take_last` took the word's count from one (ours) to
+            // zero.
+            Ok(unsafe { move_out_last(this.ptr) })
+        }
     }
 }
 
@@ -548,8 +571,8 @@ impl<T> Shared<T> {
 
 impl<T: Clone + Send + 'static> Shared<T> {
     /// `T`, moved out if this is the value's only handle and cloned
-    /// otherwise, as `Arc::unwrap_or_clone`: always cloned once the value
-    /// was promoted (see [`try_unwrap`](Self::try_unwrap)).
+    /// otherwise, as `Arc::unwrap_or_clone` (a promoted value's check is a
+    /// grace period: see [`try_unwrap`](Self::try_unwrap)).
     ///
     /// # Examples
     ///
@@ -567,11 +590,11 @@ impl<T: Clone + Send + 'static> Shared<T> {
 
     /// `&mut T`, cloning `T` into a new value first unless this is its only
     /// handle and no [`Weak`] exists (clone-on-write), as `Arc::make_mut`.
-    /// A promoted value is always cloned ([`get_mut`](Self::get_mut) cannot
-    /// know that it is unique); the clone starts unpromoted, so the next
-    /// `make_mut` on it is `Arc`'s. Where `Arc` moves a unique value away
-    /// from its `Weak`s, this clones it and drops the original (the `Weak`s
-    /// end up the same: dangling).
+    /// A promoted value's check is [`get_mut`](Self::get_mut)'s (a grace
+    /// period); a clone starts unpromoted, so the next `make_mut` on it is
+    /// `Arc`'s. Where `Arc` moves a unique value away from its `Weak`s,
+    /// this clones it and drops the original (the `Weak`s end up the same:
+    /// dangling).
     ///
     /// # Examples
     ///

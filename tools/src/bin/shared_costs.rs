@@ -14,6 +14,12 @@
 //!   values one at a time, each with two handles, the first `into_inner`
 //!   (not the last: `None`) and the second (the last: `T` back), in ms;
 //!   median and p99.
+//! - **exact checks**: `Shared::get_mut` and `Shared::try_unwrap` of a
+//!   promoted value, each of which switches its ref to atomic mode (a
+//!   grace period) and back: the same `--into-inner` values, one at a
+//!   time, in µs, median and p99, with an unpromoted value's `get_mut` as
+//!   the floor (`Arc`'s check); the last row while another thread clones
+//!   and drops a handle of the value on another CPU.
 //! - **idle values**: `--values` promoted values, each cloned and dropped
 //!   (so each was scanned once), then left alone: the process's CPU time
 //!   over `--idle-ms` of sleep, as a share of one core.
@@ -187,6 +193,78 @@ fn into_inner_waits(n: usize) -> (Vec<f64>, Vec<f64>) {
             ((t1 - t0).as_secs_f64() * 1e3, (t2 - t1).as_secs_f64() * 1e3)
         })
         .unzip()
+}
+
+/// One rep of the exact checks, in µs per value: a promoted value's
+/// `get_mut` with another handle alive (`None`), with none (`Some`), its
+/// `try_unwrap` (`Ok`), an unpromoted value's `get_mut` (`Some`, the
+/// floor), and a promoted value's `get_mut` while a thread on another CPU
+/// clones and drops a handle of it (`None`).
+fn exact_checks(n: usize, cpus: &[usize]) -> [Vec<f64>; 5] {
+    let us = |t: Instant| t.elapsed().as_secs_f64() * 1e6;
+    let mut rows: [Vec<f64>; 5] = Default::default();
+    for i in 0..n {
+        let mut s = Shared::new(i);
+        let t = Instant::now();
+        assert!(Shared::get_mut(&mut s).is_some(), "unpromoted, unique");
+        rows[3].push(us(t));
+        Shared::promote(&s);
+        let other = s.clone();
+        let t = Instant::now();
+        assert!(Shared::get_mut(&mut s).is_none(), "another handle");
+        rows[0].push(us(t));
+        drop(other);
+        let t = Instant::now();
+        assert!(Shared::get_mut(&mut s).is_some(), "the only handle");
+        rows[1].push(us(t));
+        let t = Instant::now();
+        assert_eq!(Shared::try_unwrap(s), Ok(i), "the only handle");
+        rows[2].push(us(t));
+    }
+    let mut s = Shared::new(0usize);
+    Shared::promote(&s);
+    let stop = Arc::new(AtomicBool::new(false));
+    let spins = Arc::new(AtomicU64::new(0));
+    let busy = std::thread::spawn({
+        let (h, stop, spins) = (s.clone(), stop.clone(), spins.clone());
+        let cpu = cpus.get(1).copied();
+        move || {
+            if let Some(cpu) = cpu {
+                let _ = affinity::pin_to(cpu);
+            }
+            while !stop.load(Relaxed) {
+                drop(black_box(h.clone()));
+                spins.fetch_add(1, Relaxed);
+            }
+            h
+        }
+    });
+    while spins.load(Relaxed) < 100_000 {
+        std::hint::spin_loop(); // running on its CPU before the first check
+    }
+    // On the first CPU, beside the busy one (not sharing its CPU, where
+    // the scheduler would run the checks while the busy thread waits).
+    rows[4] = std::thread::scope(|scope| {
+        let (s, first) = (&mut s, cpus.first().copied());
+        scope
+            .spawn(move || {
+                if let Some(cpu) = first {
+                    let _ = affinity::pin_to(cpu);
+                }
+                (0..n)
+                    .map(|_| {
+                        let t = Instant::now();
+                        assert!(Shared::get_mut(s).is_none(), "another handle");
+                        us(t)
+                    })
+                    .collect()
+            })
+            .join()
+            .expect("the checking thread")
+    });
+    stop.store(true, Relaxed);
+    drop(busy.join().expect("the busy thread"));
+    rows
 }
 
 /// A value whose drop is counted.
@@ -626,6 +704,37 @@ fn main() {
             row(&last, 0),
             row(&last, 1)
         );
+    }
+
+    let mut exact: [Vec<[f64; 2]>; 5] = Default::default();
+    for _ in 0..a.reps {
+        for (k, mut d) in exact_checks(a.into_inner, &cpus).into_iter().enumerate() {
+            exact[k].push([median(&mut d), percentile(&mut d, 99.0)]);
+        }
+    }
+    println!();
+    if a.counts_only {
+        println!(
+            "exact checks: {} values x {} reps, each unique once its other handle was dropped",
+            a.into_inner, a.reps
+        );
+    } else {
+        println!(
+            "| exact checks of a promoted value (µs), {} values a rep | median | p99 |",
+            a.into_inner
+        );
+        println!("|---|--:|--:|");
+        let names = [
+            "`get_mut`, another handle alive (`None`)",
+            "`get_mut`, the only handle (`Some`)",
+            "`try_unwrap`, the only handle (`Ok`)",
+            "floor: `get_mut` of an unpromoted value (`Arc`'s check)",
+            "`get_mut` while another CPU clones and drops (`None`)",
+        ];
+        for (name, rows) in names.iter().zip(&exact) {
+            let col = |k: usize| median(&mut rows.iter().map(|r| r[k]).collect::<Vec<_>>());
+            println!("| {name} | {:.2} | {:.2} |", col(0), col(1));
+        }
     }
 
     if a.memory > 0 {
