@@ -558,6 +558,17 @@ fn spawn_promoter(a: Shared<Canary>) -> thread::JoinHandle<()> {
     })
 }
 
+/// A thread that upgrades `w`, reads the value if that succeeded, and
+/// drops the `Weak`.
+fn spawn_upgrader(w: percpu_ref::shared::Weak<Canary>) -> thread::JoinHandle<()> {
+    thread::spawn(move || {
+        if let Some(u) = w.upgrade() {
+            u.read();
+        }
+        drop(w);
+    })
+}
+
 /// A value promoted by one handle's thread while the other handle, the
 /// last but one, is dropped and the engine runs: dropped once, after both
 /// handles, whichever of promotion and drops comes first (invariant 5 of
@@ -644,12 +655,7 @@ fn shared_upgrade_vs_last_drop(backend: Backend) {
     let v = percpu_ref::loom_support::shared_on(Canary::new(&drops), backend);
     Shared::promote(&v);
     let w = Shared::downgrade(&v);
-    let t = thread::spawn(move || {
-        if let Some(u) = w.upgrade() {
-            u.read();
-        }
-        drop(w);
-    });
+    let t = spawn_upgrader(w);
     let engine = spawn_engine();
     drop(v);
     t.join().unwrap();
@@ -698,20 +704,11 @@ fn get_mut_vs_upgrade(backend: Backend, promote: bool) {
             drop(w);
         }
     });
-    let write = |m: &mut Canary| {
-        // SAFETY: `get_mut` found no other handle and no `Weak`; the model
-        // checks that no reader runs unordered with this write.
-        m.cell.with_mut(|x| unsafe { *x = 1 });
-    };
-    if let Some(m) = Shared::get_mut(&mut v) {
-        write(m);
-    }
+    write_if_unique(&mut v);
     while !dropped.load(SeqCst) {
         thread::yield_now();
     }
-    if let Some(m) = Shared::get_mut(&mut v) {
-        write(m);
-    }
+    write_if_unique(&mut v);
     // Joined first: an upgrade after a write needs `v`, which keeps the
     // count above zero until then.
     t.join().unwrap();
@@ -721,6 +718,29 @@ fn get_mut_vs_upgrade(backend: Backend, promote: bool) {
     );
     drop(v);
     shared_done(&drops);
+}
+
+/// `Shared::get_mut`, and a write through it if `Some`: loom reports the
+/// write unordered with any other holder's read.
+fn write_if_unique(v: &mut Shared<Canary>) {
+    if let Some(m) = Shared::get_mut(v) {
+        // SAFETY: `get_mut` found no other handle and no `Weak`; the model
+        // checks that every other handle's read happens before this write.
+        m.cell.with_mut(|x| unsafe { *x = 1 });
+    }
+}
+
+/// `Shared::try_unwrap`, and a write to the value if it was moved out:
+/// loom reports the write unordered with any other holder's read.
+fn unwrap_and_write(v: Shared<Canary>) {
+    match Shared::try_unwrap(v) {
+        Ok(value) => {
+            // SAFETY: `try_unwrap` moved the value out: no handle can read it.
+            value.cell.with_mut(|x| unsafe { *x = 1 });
+            drop(value);
+        }
+        Err(v) => drop(v),
+    }
 }
 
 /// A thread that reads the value through `c` and drops it, then upgrades
@@ -773,11 +793,7 @@ fn get_mut_after_other_drop(backend: Backend, promote: bool) {
     let t = spawn_read_and_drop(v.clone(), None);
     // `None` where the check reads the count from before the drop (the
     // relaxed flag orders nothing).
-    if let Some(m) = Shared::get_mut(&mut v) {
-        // SAFETY: `get_mut` found no other handle and no `Weak`; the model
-        // checks that the other handle's read happens before this write.
-        m.cell.with_mut(|x| unsafe { *x = 1 });
-    }
+    write_if_unique(&mut v);
     t.join().unwrap();
     drop(v);
     shared_done(&drops);
@@ -811,14 +827,7 @@ fn try_unwrap_vs_drop_and_upgrade(backend: Backend, promote: bool) {
     }
     let w = Shared::downgrade(&v);
     let t = spawn_read_and_drop(v.clone(), Some(w));
-    match Shared::try_unwrap(v) {
-        Ok(value) => {
-            // SAFETY: `try_unwrap` moved the value out: no handle can read it.
-            value.cell.with_mut(|x| unsafe { *x = 1 });
-            drop(value);
-        }
-        Err(v) => drop(v),
-    }
+    unwrap_and_write(v);
     t.join().unwrap();
     shared_done(&drops);
 }
@@ -833,20 +842,8 @@ fn shared_exact_try_unwrap_vs_upgrade(backend: Backend) {
     let v = percpu_ref::loom_support::shared_on(Canary::new(&drops), backend);
     Shared::promote(&v);
     let w = Shared::downgrade(&v);
-    let t = thread::spawn(move || {
-        if let Some(u) = w.upgrade() {
-            u.read();
-        }
-        drop(w);
-    });
-    match Shared::try_unwrap(v) {
-        Ok(value) => {
-            // SAFETY: `try_unwrap` moved the value out: no handle can read it.
-            value.cell.with_mut(|x| unsafe { *x = 1 });
-            drop(value);
-        }
-        Err(v) => drop(v),
-    }
+    let t = spawn_upgrader(w);
+    unwrap_and_write(v);
     t.join().unwrap();
     shared_done(&drops);
 }
@@ -867,11 +864,7 @@ fn shared_exact_get_mut_vs_drop(backend: Backend) {
         c.read();
         drop(c);
     });
-    if let Some(m) = Shared::get_mut(&mut v) {
-        // SAFETY: `get_mut` found no other handle and no `Weak`; the model
-        // checks that the other handle's read happens before this write.
-        m.cell.with_mut(|x| unsafe { *x = 1 });
-    }
+    write_if_unique(&mut v);
     t.join().unwrap();
     drop(v);
     shared_done(&drops);

@@ -1,7 +1,9 @@
 //! A refused grace period undoes the switch: a thread
 //! whose `membarrier` a seccomp filter blocks gets
 //! `Error::GracePeriodFailed` from `kill_and_confirm_sync` and a panic from
-//! `switch_to_atomic_sync`, with the ref exactly as it was.
+//! `switch_to_atomic_sync`, with the ref exactly as it was; a promoted
+//! `Shared`'s `get_mut` and `try_unwrap` there give the conservative
+//! answer, and the value stays managed per CPU.
 //!
 //! A binary of its own, with one test function: a grace period serves the
 //! whole process, so a synchronous switch on the blocked thread that finds
@@ -18,6 +20,7 @@
 
 mod common;
 use common::{counted, fail_syscalls_on_this_thread, panic_message};
+use percpu_ref::shared::Shared;
 use percpu_ref::{Backend, Error, InitFlags};
 use std::sync::atomic::AtomicUsize;
 use std::sync::atomic::Ordering::SeqCst;
@@ -90,4 +93,38 @@ fn a_refused_grace_period_undoes_the_switch() {
     r.kill_sync().unwrap();
     r.put_many(5);
     assert_eq!(rel.load(SeqCst), 1);
+
+    // A promoted `Shared`'s exact checks on a blocked thread: conservative
+    // (`None`, `Err`), and the value still managed per CPU: once its
+    // handles are gone the engine drops it. Nothing is queued on the
+    // engine meanwhile (no clone was dropped), so no grace period of its
+    // own can serve the blocked thread's switch.
+    #[derive(Debug)]
+    struct Dropped(Arc<AtomicUsize>);
+    impl Drop for Dropped {
+        fn drop(&mut self) {
+            self.0.fetch_add(1, SeqCst);
+        }
+    }
+    let drops = Arc::new(AtomicUsize::new(0));
+    let s = Shared::new(Dropped(drops.clone()));
+    if Shared::promote(&s) {
+        let s = std::thread::spawn(move || {
+            fail_syscalls_on_this_thread(&[libc::SYS_membarrier], libc::EPERM);
+            let mut s = s;
+            assert!(
+                Shared::get_mut(&mut s).is_none(),
+                "refused: not known unique"
+            );
+            let s = Shared::try_unwrap(s).expect_err("refused: not known to be the last");
+            assert!(Shared::is_percpu(&s), "per CPU again");
+            s
+        })
+        .join()
+        .unwrap();
+        drop(s.clone());
+        drop(s);
+        percpu_ref::flush();
+        assert_eq!(drops.load(SeqCst), 1, "the engine manages it again");
+    }
 }

@@ -429,10 +429,9 @@ impl PercpuRef {
             r.mode.store(r.mode() | MODE_DEAD, Ordering::Relaxed);
         } else {
             // mutant shared_exact_stays_atomic: the ref is left in atomic
-            // mode, unmanaged, after a count that was not the caller's
-            // alone (correct, but never per CPU again: no model can tell,
-            // and the test `exact_get_mut_hands_the_value_back_to_the_engine`
-            // does).
+            // mode, unmanaged, after a check that elected nothing (correct,
+            // but never per CPU again: no model can tell, and the test
+            // `exact_get_mut_hands_the_value_back_to_the_engine` does).
             if !mutated!("shared_exact_stays_atomic") {
                 r.promote_locked(&mut g, r.mode());
             }

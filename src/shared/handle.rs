@@ -371,7 +371,9 @@ impl<T> Shared<T> {
     ///
     /// On the grace-period engine's own thread (in a deferred `release` or
     /// `confirm`, such as another promoted value's `Drop`) a promoted
-    /// value's check is `None` without looking: it may not wait there.
+    /// value's check is `None` without looking: it may not wait there. It
+    /// is `None` too if the kernel refuses the grace period (the value
+    /// stays as it was).
     ///
     /// # Examples
     ///
