@@ -475,8 +475,9 @@ impl<T> Shared<T> {
     ///
     /// # Errors
     ///
-    /// `this`, if another `Shared` of the value exists (or, on the engine's
-    /// thread, the value was promoted).
+    /// `this`, if another `Shared` of the value exists (or the value was
+    /// promoted and this is the engine's thread, or the kernel refused the
+    /// grace period).
     ///
     /// # Examples
     ///
