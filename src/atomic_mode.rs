@@ -617,6 +617,7 @@ impl AtomicCount {
     /// Only for the mutant `shared_exact_take_by_check`: the count stored
     /// as released after a check, instead of the election's
     /// compare-and-swap.
+    #[cfg(percpu_ref_mutant = "shared_exact_take_by_check")]
     pub(crate) fn store_released(&self) {
         // ordering-audit: kept: only the mutant's store.
         self.value.store(RELEASED, Ordering::Release);

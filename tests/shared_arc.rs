@@ -477,7 +477,6 @@ fn exact_get_mut_against_clones_drops_and_upgrades() {
     }
     stop.store(true, SeqCst);
     assert_eq!(unique, 0, "unique while other handles and Weaks lived");
-    eprintln!("{checks} exact checks");
     for h in hs {
         drop(h.join().unwrap());
     }

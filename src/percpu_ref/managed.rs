@@ -195,6 +195,7 @@ impl ExactCount<'_> {
 
     /// Only for the mutant `shared_exact_take_by_check`: released by a
     /// store after [`is_one`](Self::is_one). True.
+    #[cfg(percpu_ref_mutant = "shared_exact_take_by_check")]
     pub(crate) fn mark_elected(&self) -> bool {
         self.count.store_released();
         self.elected.set(true);
@@ -341,26 +342,28 @@ impl PercpuRef {
     /// reference held.
     fn promote_locked(&self, g: &mut SwitchGuard<'_>, mode: usize) {
         const OP: &str = "shared::Shared::promote";
-        let r = self;
-        if r.count.add_bias().is_err() {
+        if self.count.add_bias().is_err() {
             unreachable!("percpu_ref: {OP}: the caller's reference keeps the count above zero");
         }
-        r.counters.reset();
+        self.counters.reset();
         // The stand-in, on the atomic counter (still atomic mode here).
         // mutant shared_promote_no_stand_in: promote without the engine's
         // stand-in (the count can reach zero in percpu mode, unseen, or
         // the engine releases a value still held).
         if !mutated!("shared_promote_no_stand_in") {
-            r.get();
+            self.get();
         }
         // ordering-audit: kept: Release, as `switch_to_percpu_locked`'s
         // store (whose weakening is caught: `percpu_mode_store_relaxed`),
         // for the section that reads the bound the first mark restores (the
         // mark's RMW continues this release sequence): it must see the
-        // zeroed counters, the bias and the stand-in. A promoted ref never
-        // counted per CPU before (its counters are a fresh slot's zeroes),
-        // so no model tells the difference.
-        r.mode.store(
+        // zeroed counters, the bias and the stand-in. A first promotion's
+        // counters are a fresh slot's zeroes; a ref handed back by
+        // `with_exact_count` counted per CPU before, and this store
+        // publishes their zeroing. No model tells the difference: the rseq
+        // model's sections take the modelled CPU lock that
+        // `counters.reset` takes, which orders them already.
+        self.mode.store(
             mode & !(MODE_ATOMIC | MODE_LIMIT) | MODE_MANAGED | MODE_UNMARKED,
             Ordering::Release,
         );

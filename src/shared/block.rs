@@ -125,13 +125,14 @@ const _: () = assert!(PROMOTE_AFTER.is_power_of_two() && PROMOTING < ONE && PROM
 const _: () = assert!(std::mem::align_of::<PercpuRef>() > TAGGED);
 
 /// What [`Block::take_last`] did.
+#[derive(Clone, Copy)]
 pub(super) enum Taken {
     /// Not the only reference: nothing changed.
     No,
     /// The word's count, from one to zero.
     InWord,
     /// A promoted value's ref, elected from one to released: `release`
-    /// does not run ([`move_out_elected`]).
+    /// does not run ([`move_out_last`] pays its unit).
     Elected,
 }
 
@@ -518,9 +519,9 @@ impl<T> Block<T> {
             // mutant shared_exact_take_by_check: the promoted election is a
             // check of the count and no compare-and-swap (an upgrade
             // through a `Weak` after the check holds a value moved out).
-            if mutated!("shared_exact_take_by_check") {
-                return exact.is_one() && exact.mark_elected();
-            }
+            #[cfg(percpu_ref_mutant = "shared_exact_take_by_check")]
+            return exact.is_one() && exact.mark_elected();
+            #[cfg(not(percpu_ref_mutant = "shared_exact_take_by_check"))]
             exact.elect_last()
         })
         .unwrap_or(false)
@@ -970,40 +971,36 @@ unsafe fn drop_count_unit<T>(p: NonNull<Block<T>>) {
     unsafe { drop_unit_of::<T>(p.as_ptr().cast_const().cast(), false) }
 }
 
-/// Moves `T` out of a block whose word's count the caller took from one to
-/// zero (`try_unwrap`, `into_inner`), then gives up the strong count's unit.
+/// Moves `T` out of a block whose strong count the caller took from one
+/// to zero, then gives up the strong count's unit: `how` is
+/// [`Taken::InWord`] for the word's compare-and-swap (`try_unwrap`,
+/// `into_inner`), [`Taken::Elected`] for a promoted value's election
+/// (`release` never runs, so the last unit frees the ref with the block).
 ///
 /// # Safety
 ///
-/// The caller's compare-and-swap took the word's count to zero, once.
-pub(super) unsafe fn move_out_last<T>(p: NonNull<Block<T>>) -> T {
+/// The caller took the count to zero, once, as `how` says (not
+/// [`Taken::No`]), and its `PercpuRef` call, if any, has returned.
+pub(super) unsafe fn move_out_last<T>(p: NonNull<Block<T>>, how: Taken) -> T {
+    debug_assert!(
+        !matches!(how, Taken::No),
+        "move_out_last of a count not taken"
+    );
     // SAFETY: the count reached zero, once (invariant 2): `T` is alive,
-    // nobody else can reach it (upgrades fail at zero), and it is moved out
-    // once. `value_ptr` has the block's own provenance.
+    // nobody else can reach it (upgrades fail at zero, and no `release`
+    // runs after an election), and it is moved out once. `value_ptr` has
+    // the block's own provenance.
     let value = unsafe { std::ptr::read(value_ptr(p)) };
     // SAFETY: `T` was moved out: the strong count's unit is ours to give
-    // up, once (after the read: the last unit frees the block).
-    unsafe { drop_count_unit(p) };
-    value
-}
-
-/// [`move_out_last`] for a promoted block whose ref's count the caller
-/// elected from one to released ([`Block::take_last`]): `release` never
-/// runs, so the strong count's unit is given up here, and the last unit
-/// frees the ref with the block.
-///
-/// # Safety
-///
-/// The caller's election took the ref's count to released, once, and its
-/// `PercpuRef` call has returned.
-pub(super) unsafe fn move_out_elected<T>(p: NonNull<Block<T>>) -> T {
-    // SAFETY: as `move_out_last`: the count reached zero once, by the
-    // caller's election, and no `release` will touch `T`.
-    let value = unsafe { std::ptr::read(value_ptr(p)) };
-    // SAFETY: the strong count's unit, given up once; the ref is no longer
-    // touched by the caller, nor by the engine (its management ended
-    // before the election).
-    unsafe { drop_unit::<T>(p.as_ptr().cast_const().cast()) };
+    // up, once (after the read: the last unit frees the block). A word
+    // whose count reached zero was never handed over; an elected ref is
+    // touched by nobody any more (its management ended in the window).
+    unsafe {
+        drop_unit_of::<T>(
+            p.as_ptr().cast_const().cast(),
+            matches!(how, Taken::Elected),
+        );
+    }
     value
 }
 

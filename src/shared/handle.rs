@@ -1,8 +1,8 @@
 //! [`Shared`], the handle, and the traits it delegates to `T`.
 
 use super::block::{
-    alloc, alloc_unpublished, block, block_of, into_inner_promoted, move_out_elected,
-    move_out_last, publish, put_in_word, put_ref, value_ptr, Block, InWord, Taken,
+    alloc, alloc_unpublished, block, block_of, into_inner_promoted, move_out_last, publish,
+    put_in_word, put_ref, value_ptr, Block, InWord, Taken,
 };
 use super::Weak;
 use std::borrow::Borrow;
@@ -490,21 +490,14 @@ impl<T> Shared<T> {
     /// assert_eq!(Shared::try_unwrap(s).unwrap(), "only");
     /// ```
     pub fn try_unwrap(this: Self) -> Result<T, Self> {
-        let promoted = match this.block().take_last() {
-            Taken::No => return Err(this),
-            Taken::InWord => false,
-            Taken::Elected => true,
-        };
-        let this = ManuallyDrop::new(this);
-        if promoted {
-            // SAFETY: `take_last` elected the ref's count from one (ours)
-            // to released, and its call returned.
-            Ok(unsafe { move_out_elected(this.ptr) })
-        } else {
-            // SAFETY: `take_last` took the word's count from one (ours) to
-            // zero.
-            Ok(unsafe { move_out_last(this.ptr) })
+        let how = this.block().take_last();
+        if let Taken::No = how {
+            return Err(this);
         }
+        let this = ManuallyDrop::new(this);
+        // SAFETY: `take_last` took the count from one (ours) to zero, as
+        // `how` says, and its call returned.
+        Ok(unsafe { move_out_last(this.ptr, how) })
     }
 }
 
@@ -561,7 +554,7 @@ impl<T> Shared<T> {
         match unsafe { put_in_word(p) } {
             InWord::Others => None,
             // SAFETY: our drop took the word's count to zero.
-            InWord::Last => Some(unsafe { move_out_last(p) }),
+            InWord::Last => Some(unsafe { move_out_last(p, Taken::InWord) }),
             InWord::Promoted(pref) => {
                 let unit = Shared::downgrade(&this);
                 // SAFETY: the word holds `pref`; our reference is given up
