@@ -646,6 +646,34 @@ fn shared_clone_vs_scan(backend: Backend) {
     shared_done(&drops);
 }
 
+/// `shared_clone_vs_scan` on a `Shared<[Canary]>`: the promoted ref's
+/// `release` and the unit it owes carry the block's wide pointer
+/// (`ErasedPtr`), so the engine drops both elements, once, after every
+/// read, and the block is freed with its length's layout.
+fn shared_slice_clone_vs_scan(backend: Backend) {
+    let drops = Arc::new(AtomicUsize::new(0));
+    let v = percpu_ref::loom_support::shared_slice_on(
+        vec![Canary::new(&drops), Canary::new(&drops)],
+        backend,
+    );
+    Shared::promote(&v);
+    let b = v.clone();
+    let t = thread::spawn(move || {
+        let c = b.clone();
+        drop(b);
+        c.iter().for_each(Canary::read);
+        drop(c);
+    });
+    let engine = spawn_engine();
+    v[1].read();
+    drop(v);
+    t.join().unwrap();
+    engine.join().unwrap();
+    percpu_ref::flush();
+    assert_eq!(drops.load(SeqCst), 2, "an element dropped other than once");
+    assert_eq!(percpu_ref::loom_support::live_blocks(), 0, "a block leaked");
+}
+
 /// A `Weak::upgrade` racing the last drop of a promoted value while the
 /// engine scans it: the upgrade either fails or holds a live value (it may
 /// revive it), the value is dropped once, and the `Weak`, dropped last or
@@ -996,6 +1024,7 @@ models! {
     managed_release_sees_the_last_holders_writes: preemptions 2, backends [sharded, rseq_model];
     shared_promotion_vs_last_drop: preemptions 2, backends [sharded, rseq_model];
     shared_clone_vs_scan: preemptions 2, backends [sharded, rseq_model];
+    shared_slice_clone_vs_scan: preemptions 2, backends [rseq_model];
     shared_upgrade_vs_last_drop: preemptions 2, backends [sharded, rseq_model];
     shared_second_promotion_vs_scan: preemptions 2, backends [rseq_model];
     shared_clone_and_upgrade_vs_handoff: preemptions 2, backends [sharded, rseq_model];

@@ -95,6 +95,15 @@ pub mod loom_support {
         crate::shared::Shared::new_on(value, backend)
     }
 
+    /// A `Shared<[T]>` of `v`'s elements on `backend`, as [`shared_on`].
+    #[must_use]
+    pub fn shared_slice_on<T: Send + 'static>(
+        v: Vec<T>,
+        backend: crate::Backend,
+    ) -> crate::shared::Shared<[T]> {
+        crate::shared::slice_from_vec_on(v, backend)
+    }
+
     /// [`Shared::new_cyclic`](crate::shared::Shared::new_cyclic) on
     /// `backend`, as [`shared_on`].
     pub fn shared_cyclic_on<T: Send + 'static>(

@@ -111,8 +111,44 @@ type ReleaseFn = Box<dyn Fn(&PercpuRef) + Send + Sync + 'static>;
 /// unit they owe (`owned::block`).
 #[derive(Clone, Copy)]
 pub(crate) struct Erased {
-    pub(crate) ptr: *const (),
-    pub(crate) func: unsafe fn(*const ()),
+    pub(crate) ptr: ErasedPtr,
+    pub(crate) func: unsafe fn(ErasedPtr),
+}
+
+/// A raw pointer to any type, thin or wide, with its type erased: its
+/// bytes are kept whole (a slice's length with its address, `shared`'s
+/// `Block<[T]>` and `Block<str>`), so that the function it is handed to
+/// gets back the very pointer it was made from, provenance included.
+#[derive(Clone, Copy)]
+pub(crate) struct ErasedPtr(MaybeUninit<[*const (); 2]>);
+
+impl ErasedPtr {
+    /// Erases `p`'s type.
+    pub(crate) fn new<U: ?Sized>(p: *const U) -> Self {
+        const {
+            assert!(
+                std::mem::size_of::<*const U>() <= std::mem::size_of::<[*const (); 2]>()
+                    && std::mem::align_of::<*const U>() <= std::mem::align_of::<*const ()>(),
+                "a pointer wider than two words"
+            );
+        }
+        let mut bytes = MaybeUninit::<[*const (); 2]>::uninit();
+        // SAFETY: the storage is large and aligned enough for `*const U`
+        // (asserted above); a typed write keeps the pointer's provenance.
+        unsafe { bytes.as_mut_ptr().cast::<*const U>().write(p) };
+        ErasedPtr(bytes)
+    }
+
+    /// The pointer it was made from.
+    ///
+    /// # Safety
+    ///
+    /// Made by [`ErasedPtr::new`] with this `U` (so the bytes read are the
+    /// ones written).
+    pub(crate) unsafe fn get<U: ?Sized>(self) -> *const U {
+        // SAFETY: the caller's promise: `new::<U>` wrote these bytes.
+        unsafe { self.0.as_ptr().cast::<*const U>().read() }
+    }
 }
 
 // SAFETY: an `Erased` lives in a ref's count line (a `PercpuRef` is `Send +
@@ -692,5 +728,35 @@ mod layout_tests {
         for b in &boxed {
             check(std::slice::from_ref(&**b));
         }
+    }
+}
+
+#[cfg(all(test, not(percpu_ref_loom)))]
+mod erased_tests {
+    use super::ErasedPtr;
+
+    /// A wide pointer comes back whole (address, length and provenance: the
+    /// value is dropped and freed through it, which Miri checks), and a
+    /// thin one as it went in.
+    #[test]
+    fn erased_ptr_keeps_wide_pointers() {
+        let words: Box<[String]> = vec![String::from("a"), String::from("bc")].into_boxed_slice();
+        let wide: *mut [String] = Box::into_raw(words);
+        let e = ErasedPtr::new(wide.cast_const());
+        // SAFETY: made from this very type.
+        let back = unsafe { e.get::<[String]>() }.cast_mut();
+        assert_eq!(back.len(), 2);
+        // SAFETY: the pointer `Box::into_raw` gave, whole.
+        let words = unsafe { Box::from_raw(back) };
+        assert_eq!(words[1], "bc");
+
+        let name: *const str = "name";
+        // SAFETY: made from this very type.
+        assert_eq!(unsafe { &*ErasedPtr::new(name).get::<str>() }, "name");
+        let thin = Box::into_raw(Box::new(7u64));
+        // SAFETY: as above; freed once.
+        let thin =
+            unsafe { Box::from_raw(ErasedPtr::new(thin.cast_const()).get::<u64>().cast_mut()) };
+        assert_eq!(*thin, 7);
     }
 }

@@ -66,7 +66,9 @@
 //! | `Arc::new_cyclic` | the same ([`Shared::new_cyclic`]: its `Weak`s cannot upgrade until the value is made) |
 //! | `increment_strong_count`, `decrement_strong_count` | the same |
 //! | `std::task::Wake`, `Waker::from(Arc<W>)` | [`Wake`] (associated functions `wake(this: Shared<Self>)` and `wake_by_ref`: a `self: Shared<Self>` receiver is not stable Rust), `Waker::from(Shared<W>)`: a waker whose clones count per CPU once promoted |
-//! | `T: ?Sized` (`Arc<str>`, `Arc<dyn Trait>`), allocators | absent: `Shared<Box<dyn Trait>>` or `Shared<String>` |
+//! | `Arc<str>`, `Arc<[T]>`: `From<&str>`, `From<String>`, `From<Box<str>>`, `From<&[T]>`, `From<Vec<T>>`, `From<Box<[T]>>`, `From<[T; N]>`, `FromIterator`, `Default`, `Arc<[u8]>::from(Arc<str>)` | the same: `Shared<str>` and `Shared<[T]>` (`T: Send + 'static`), one allocation, the elements after the counts, a wide handle; `FromIterator` collects into a `Vec` first (std skips it for iterators of a trusted length, a nightly trait). Clones, drops, `Weak`s, promotion, `get_mut` and `from_raw` as for a sized value |
+//! | `Arc<dyn Trait>`: the implicit unsized coercion (`let a: Arc<dyn Any> = arc;`), `downcast`, `TryFrom<Arc<[T]>> for Arc<[T; N]>` | [`shared_unsize!`](crate::shared_unsize)`(shared, dyn Trait)` (the coercion, spelled out: `CoerceUnsized` is nightly; safe, as only an unsizing coercion compiles), [`Shared::downcast`] of a `Shared<dyn Any + Send + Sync>`, the same `TryFrom` |
+//! | `Arc<dyn Trait>::from(Box<dyn Trait>)`, `Weak::new`, `as_ptr`, `into_raw` and `from_raw` of an unsized `Weak`, `make_mut` of a slice, allocators | absent: a wide pointer to a new allocation with a box's metadata, and the alignment of a dropped unsized value that a `Weak`'s `from_raw` needs, are nightly functions |
 //!
 //! # Performance
 //!
@@ -139,11 +141,15 @@ use std::panic::{RefUnwindSafe, UnwindSafe};
 
 mod block;
 mod handle;
+mod slice;
+mod unsize;
 mod wake;
 mod weak;
 
 pub use block::PROMOTE_AFTER;
 pub use handle::Shared;
+#[cfg(percpu_ref_loom)]
+pub(crate) use slice::from_vec_on as slice_from_vec_on;
 pub use wake::Wake;
 pub use weak::Weak;
 

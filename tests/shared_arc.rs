@@ -6,20 +6,16 @@
 //! have dropped the value at once: a promoted value is dropped by the
 //! engine a few milliseconds after its last handle.
 //!
-//! Tests that cannot apply, and why:
-//! - `make_mut_unsized`: `T: ?Sized` is not supported (below).
+//! The unsized ones (`Arc<str>`, `Arc<[T]>`) are in tests/shared_unsized.rs,
+//! with the list of those that cannot apply.
 //!
 //! Where `Shared` differs on purpose, the test says so: `make_mut` of a
 //! unique value that has `Weak`s clones it (where `Arc` moves it), and the
 //! exact checks of a promoted value (`get_mut`, `try_unwrap`, hence
 //! `make_mut` and `unwrap_or_clone`) give the conservative answer on the
 //! grace-period engine's own thread.
-//! - `test_unsized`, `test_maybe_thin_unsized`, `test_into_from_raw_unsized`,
-//!   `test_into_from_weak_raw_unsized`, `test_from_str`,
-//!   `test_copy_from_slice`, `test_clone_from_slice`,
-//!   `test_clone_from_slice_panic`, `test_from_box_*`, `test_from_vec`,
-//!   `test_downcast`, `test_array_from_slice`, `shared_from_iter_*`,
-//!   `slice`, `trait_object`: `T: ?Sized` is not supported.
+//!
+//! Tests that cannot apply, and why:
 //! - allocator tests (`Arc::new_in`, `allocator_api`): no allocators.
 //! - `eq` (the `Eq` specialisation that skips `T::eq` for one pointer):
 //!   a nightly specialisation; `Shared` always compares `T`.

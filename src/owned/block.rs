@@ -82,7 +82,7 @@
 
 use crate::flags::{Error, InitFlags};
 use crate::percpu::Backend;
-use crate::percpu_ref::{Erased, PercpuRef};
+use crate::percpu_ref::{Erased, ErasedPtr, PercpuRef};
 use crate::sync::{self, AtomicUsize, Condvar, Mutex, Ordering};
 use std::cell::{Cell, UnsafeCell};
 use std::mem::{ManuallyDrop, MaybeUninit};
@@ -236,7 +236,9 @@ impl<T> Inner<T> {
 /// # Safety
 ///
 /// `ptr` is a live `Inner<T>` whose percpu count just reached zero.
-pub(super) unsafe fn release<T>(ptr: *const ()) {
+pub(super) unsafe fn release<T>(erased: ErasedPtr) {
+    // SAFETY: `alloc` erased an `Inner<T>`'s address as a `*const ()`.
+    let ptr: *const () = unsafe { erased.get() };
     // Run by the engine completing a deferred kill (its put was the last):
     // no wrapper of ours is around that call, so the engine pays the unit
     // once it no longer touches the ref (it may free the block).
@@ -253,8 +255,8 @@ pub(super) unsafe fn release<T>(ptr: *const ()) {
     }
     let _owe = OnDrop(|| {
         owe_unit(Erased {
-            ptr,
-            func: drop_unit::<T>,
+            ptr: erased,
+            func: drop_erased_unit::<T>,
         });
     });
     // SAFETY: the percpu count's unit keeps the block alive until it is paid.
@@ -270,6 +272,16 @@ impl<F: FnMut()> Drop for OnDrop<F> {
     fn drop(&mut self) {
         (self.0)();
     }
+}
+
+/// [`drop_unit`] of an owed unit (`Erased`).
+///
+/// # Safety
+///
+/// As [`drop_unit`], for the `*const ()` that `erased` was made from.
+unsafe fn drop_erased_unit<T>(erased: ErasedPtr) {
+    // SAFETY: the caller's promise.
+    unsafe { drop_unit::<T>(erased.get()) }
 }
 
 /// Drops one allocation unit of an `Inner<T>`; the last one frees it.
@@ -392,7 +404,7 @@ fn settle_owed_slow() {
 pub(super) fn alloc<T>(value: T, backend: Backend) -> Result<NonNull<Inner<T>>, Error> {
     let slot = Box::into_raw(Box::new(MaybeUninit::<Inner<T>>::uninit())).cast::<Inner<T>>();
     let release = Erased {
-        ptr: slot.cast_const().cast(),
+        ptr: ErasedPtr::new(slot.cast_const().cast::<()>()),
         func: release::<T>,
     };
     // SAFETY: `release::<T>` of the block that will own this ref, which

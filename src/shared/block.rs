@@ -57,6 +57,20 @@
 //! nothing is handed over: `PROMOTING` stays set and the count stays in
 //! the word, as an `Arc`'s.
 //!
+//! # Unsized values
+//!
+//! The block is `repr(C)` with `T` last, as `Arc`'s, so a `Block<[U]>` or
+//! `Block<str>` is the same block behind a wide pointer: the counts at the
+//! same offsets, then the elements at the next multiple of their
+//! alignment ([`alloc_slice`], [`block_of_live`]). Nothing above depends
+//! on `T`'s size; what needs the wide pointer gets it whole: the handles
+//! hold it, and a promoted ref's `release` and the unit it owes carry it
+//! in an `ErasedPtr` (two words), so the engine drops `[U]`'s elements
+//! and `Box` frees the block with the layout it was allocated with. A
+//! `Block<dyn Trait>` (`shared_unsize!`) is a sized `T`'s block whose
+//! pointer carries `T`'s vtable: its alignment and size are `T`'s, so
+//! the offset and the layout are too.
+//!
 //! # Invariants
 //!
 //! 1. `T` is alive while the strong count is above zero; the count is the
@@ -87,7 +101,7 @@ use super::Weak;
 use crate::flags::InitFlags;
 use crate::owned::block::{owe_unit, settle_guard, settle_owed, OnDrop};
 use crate::percpu::Backend;
-use crate::percpu_ref::{Erased, PercpuRef};
+use crate::percpu_ref::{Erased, ErasedPtr, PercpuRef};
 use crate::sync::{AtomicUsize, Ordering};
 use std::mem::ManuallyDrop;
 use std::pin::Pin;
@@ -161,20 +175,19 @@ unsafe fn ref_at<'a>(w: usize) -> &'a PercpuRef {
     unsafe { &*((w & !TAGGED) as *const PercpuRef) }
 }
 
-/// The one allocation behind a `Shared` and its `Weak`s.
-pub(super) struct Block<T> {
+/// The one allocation behind a `Shared` and its `Weak`s. `repr(C)`, with
+/// `value` last, as `Arc`'s: the counts come first at fixed offsets, so
+/// that a `Block<[T]>` or `Block<str>` (a wide pointer) has them where a
+/// `Block<T>` has, and [`block_of`] finds the block from `T`'s address and
+/// alignment alone.
+#[repr(C)]
+pub(super) struct Block<T: ?Sized> {
     /// The strong count and the clones toward promotion, or the ref's
     /// address once promoted (module docs).
     pub(super) state: AtomicUsize,
     /// Allocation units: one per `Weak`, one for the strong count while it
     /// is above zero.
     pub(super) units: AtomicUsize,
-    /// Not in an `UnsafeCell`, so that handles are covariant in `T` (as
-    /// `Arc`'s): `T` is dropped through the block's raw pointer, when no
-    /// handle can form a reference to it, and code that may run while it is
-    /// dropped (a `Weak`, the engine) only forms references to the other
-    /// fields (as std's `Weak::inner`).
-    pub(super) value: ManuallyDrop<T>,
     /// Only under loom, where each model chooses (the default, sharded,
     /// never promotes).
     #[cfg(percpu_ref_loom)]
@@ -185,9 +198,15 @@ pub(super) struct Block<T> {
     /// every holder's last access is reported as a race.
     #[cfg(percpu_ref_loom)]
     freed: crate::sync::UnsafeCell<()>,
+    /// Not in an `UnsafeCell`, so that handles are covariant in `T` (as
+    /// `Arc`'s): `T` is dropped through the block's raw pointer, when no
+    /// handle can form a reference to it, and code that may run while it is
+    /// dropped (a `Weak`, the engine) only forms references to the other
+    /// fields (as std's `Weak::inner`).
+    pub(super) value: ManuallyDrop<T>,
 }
 
-impl<T> Block<T> {
+impl<T: ?Sized> Block<T> {
     /// The backend a promotion uses.
     #[inline]
     #[cfg_attr(
@@ -215,39 +234,47 @@ impl<T> Block<T> {
     }
 
     /// A clone's get: on the ref once promoted, else in the word (counted
-    /// toward promotion, and promoting at the threshold). The caller holds
-    /// a reference. Inlined whole, as `PercpuRef::get`.
+    /// toward promotion, and promoting at the threshold). Inlined whole, as
+    /// `PercpuRef::get`.
+    ///
+    /// # Safety
+    ///
+    /// `p` is the handle's pointer (the block's own provenance, which a
+    /// promotion hands to `release`) and the caller holds a reference.
     #[inline(always)]
-    pub(super) fn get(&self) {
+    pub(super) unsafe fn get(p: NonNull<Self>) {
+        // SAFETY: the caller's reference keeps the block alive.
+        let this = unsafe { p.as_ref() };
         // ordering-audit: kept: Acquire: a tagged word's ref was made (its
         // plain fields: the counters' base, the release) before the
         // hand-over's release published it, the message-passing pattern (a
         // plain load on x86_64, `ldar` on aarch64). The models cannot show
         // it: loom does not treat a plain field's initialisation as an
         // access, and the ref's atomics carry their own orderings.
-        let mut w = self.state.load(Ordering::Acquire);
+        let mut w = this.state.load(Ordering::Acquire);
         if w & TAGGED != 0 {
             // SAFETY: tagged; the caller's reference keeps the block.
             return unsafe { ref_at(w) }.get();
         }
         loop {
             if w & PROMOTING != 0 {
-                return self.get_slow();
+                return this.get_slow();
             }
             // Relaxed: a new reference from an existing one (as
             // `Arc::clone`); a failure that finds the word tagged or
             // promoting goes to `get_slow`, which loads it again (acquire).
-            match self
+            match this
                 .state
                 .compare_exchange(w, w + CLONE, Ordering::Relaxed, Ordering::Relaxed)
             {
                 Ok(_) => {
                     if (w + CLONE) & PROMOTING != 0 {
-                        self.promote_claimed();
+                        // SAFETY: the caller's pointer and reference.
+                        unsafe { Self::promote_claimed(p) };
                     }
                     return;
                 }
-                Err(now) if now & TAGGED != 0 => return self.get_slow(),
+                Err(now) if now & TAGGED != 0 => return this.get_slow(),
                 Err(now) => w = now,
             }
         }
@@ -329,7 +356,7 @@ impl<T> Block<T> {
                 if w & PROMOTING == 0 && next & PROMOTING != 0 {
                     // SAFETY: the reference just taken keeps `T` alive: the
                     // whole block may be borrowed now.
-                    unsafe { p.as_ref() }.promote_claimed();
+                    unsafe { Self::promote_claimed(p) };
                 }
                 return true;
             }
@@ -582,12 +609,18 @@ impl<T> Block<T> {
     /// done; true if the block counts per CPU now (false while another
     /// thread is handing the count over). The caller holds a reference
     /// (invariant 5).
-    pub(super) fn promote(&self) -> bool {
-        if self.backend() != Backend::Rseq {
+    ///
+    /// # Safety
+    ///
+    /// As [`Block::get`]'s.
+    pub(super) unsafe fn promote(p: NonNull<Self>) -> bool {
+        // SAFETY: the caller's reference keeps the block alive.
+        let this = unsafe { p.as_ref() };
+        if this.backend() != Backend::Rseq {
             return false;
         }
         loop {
-            let w = self.state.load(Ordering::Acquire);
+            let w = this.state.load(Ordering::Acquire);
             if w & TAGGED != 0 {
                 // SAFETY: tagged; the caller's reference keeps the block.
                 return Self::manage(unsafe { ref_at(w) });
@@ -597,12 +630,13 @@ impl<T> Block<T> {
                 // yet: no wait for a thread that may be preempted).
                 return false;
             }
-            if self
+            if this
                 .state
                 .compare_exchange(w, w | PROMOTING, Ordering::Relaxed, Ordering::Relaxed)
                 .is_ok()
             {
-                return self.promote_claimed();
+                // SAFETY: the caller's pointer and reference.
+                return unsafe { Self::promote_claimed(p) };
             }
         }
     }
@@ -610,9 +644,16 @@ impl<T> Block<T> {
     /// Hands the word's count over to a new ref and has the engine manage
     /// it; called by the thread that set `PROMOTING` (invariant 3), which
     /// holds a reference. True if the block counts per CPU now.
+    ///
+    /// # Safety
+    ///
+    /// `p` is a handle's pointer (the block's own provenance: `release`
+    /// drops `T` through it) and the caller holds a reference.
     #[inline(never)]
-    fn promote_claimed(&self) -> bool {
-        let backend = self.backend();
+    unsafe fn promote_claimed(p: NonNull<Self>) -> bool {
+        // SAFETY: the caller's reference keeps the block alive.
+        let this = unsafe { p.as_ref() };
+        let backend = this.backend();
         // mutant shared_never_promoted: the clone count never promotes (a hot
         // value stays in the word: an `Arc`).
         if backend != Backend::Rseq || mutated!("shared_never_promoted") {
@@ -620,7 +661,7 @@ impl<T> Block<T> {
             return false;
         }
         let release = Erased {
-            ptr: std::ptr::from_ref(self).cast(),
+            ptr: ErasedPtr::new(p.as_ptr().cast_const()),
             func: release::<T>,
         };
         // SAFETY: `release::<T>` of this block, which outlives its ref
@@ -644,9 +685,9 @@ impl<T> Block<T> {
         // never).
         let w = if mutated!("shared_handoff_by_store") {
             // ordering-audit: Relaxed: only the mutant's read.
-            let w = self.state.load(Ordering::Relaxed);
+            let w = this.state.load(Ordering::Relaxed);
             // ordering-audit: kept: only the mutant's store, as the swap.
-            self.state.store(tagged, Ordering::Release);
+            this.state.store(tagged, Ordering::Release);
             w
         } else {
             // One swap, not a compare-and-swap loop, which the other
@@ -657,7 +698,7 @@ impl<T> Block<T> {
             // their release sequence, so every acquire load that reads the
             // tagged word (the promoter's own drop's, at the latest, which
             // the ref's release follows) synchronises with them.
-            self.state.swap(tagged, Ordering::Release)
+            this.state.swap(tagged, Ordering::Release)
         };
         let n = count(w);
         debug_assert!(n >= 1 && w & TAGGED == 0, "the promoter holds a reference");
@@ -690,7 +731,7 @@ impl<T> Block<T> {
 ///
 /// The caller holds one reference on `p` and gives it up.
 #[inline(always)]
-pub(super) unsafe fn put_ref<T>(p: NonNull<Block<T>>) {
+pub(super) unsafe fn put_ref<T: ?Sized>(p: NonNull<Block<T>>) {
     // SAFETY: forwarded.
     match unsafe { put_in_word(p) } {
         // SAFETY: tagged; our reference keeps the ref until the put.
@@ -721,7 +762,7 @@ pub(super) enum InWord {
 ///
 /// The caller holds one reference on `p`.
 #[inline(always)]
-pub(super) unsafe fn put_in_word<T>(p: NonNull<Block<T>>) -> InWord {
+pub(super) unsafe fn put_in_word<T: ?Sized>(p: NonNull<Block<T>>) -> InWord {
     // Only the word is borrowed across the count: once it is given up,
     // another thread may free the block.
     // SAFETY: our reference keeps the block allocated until the put.
@@ -789,7 +830,7 @@ unsafe fn put_slow(pref: *const PercpuRef) {
 ///
 /// `p` is live and the caller's drop took its count to zero.
 #[inline(never)]
-unsafe fn release_in_word<T>(p: NonNull<Block<T>>) {
+unsafe fn release_in_word<T: ?Sized>(p: NonNull<Block<T>>) {
     let _unit = OnDrop(move || {
         // SAFETY: the strong count's unit, given up once, after `T` is gone;
         // the count reached zero in the word (invariant 2).
@@ -807,9 +848,11 @@ unsafe fn release_in_word<T>(p: NonNull<Block<T>>) {
 ///
 /// # Safety
 ///
-/// `ptr` is a live, promoted `Block<T>` whose ref's count just reached zero.
-unsafe fn release<T>(ptr: *const ()) {
-    let p = ptr.cast::<Block<T>>().cast_mut();
+/// `erased` is a live, promoted `Block<T>`'s pointer whose ref's count
+/// just reached zero.
+unsafe fn release<T: ?Sized>(erased: ErasedPtr) {
+    // SAFETY: `promote_claimed` erased a handle's `*const Block<T>`.
+    let p = unsafe { erased.get::<Block<T>>() }.cast_mut();
     // SAFETY: the count's unit keeps the block alive until it is paid;
     // only the word is borrowed.
     let w = unsafe { &(*p).state }.load(Ordering::Relaxed);
@@ -823,8 +866,8 @@ unsafe fn release<T>(ptr: *const ()) {
     }
     let _owe = OnDrop(|| {
         owe_unit(Erased {
-            ptr,
-            func: drop_unit::<T>,
+            ptr: erased,
+            func: drop_erased_unit::<T>,
         });
     });
     if leave_to_taker(pref) {
@@ -965,10 +1008,10 @@ fn leave_as_taker(word: &AtomicUsize) -> bool {
 /// The word's count reached zero (it was never handed over), `T` is gone,
 /// and the unit is given up once.
 #[inline(always)]
-unsafe fn drop_count_unit<T>(p: NonNull<Block<T>>) {
+unsafe fn drop_count_unit<T: ?Sized>(p: NonNull<Block<T>>) {
     // SAFETY: the count reached zero in the word, which was never handed
     // over (invariant 2): no ref to free; the unit is the caller's.
-    unsafe { drop_unit_of::<T>(p.as_ptr().cast_const().cast(), false) }
+    unsafe { drop_unit_of(p, false) }
 }
 
 /// Moves `T` out of a block whose strong count the caller took from one
@@ -996,10 +1039,7 @@ pub(super) unsafe fn move_out_last<T>(p: NonNull<Block<T>>, how: Taken) -> T {
     // whose count reached zero was never handed over; an elected ref is
     // touched by nobody any more (its management ended in the window).
     unsafe {
-        drop_unit_of::<T>(
-            p.as_ptr().cast_const().cast(),
-            matches!(how, Taken::Elected),
-        );
+        drop_unit_of(p, matches!(how, Taken::Elected));
     }
     value
 }
@@ -1009,12 +1049,24 @@ pub(super) unsafe fn move_out_last<T>(p: NonNull<Block<T>>, how: Taken) -> T {
 ///
 /// # Safety
 ///
-/// `ptr` is a live `Block<T>` made by [`alloc`] and the caller owns one
-/// unit, which it gives up; no `PercpuRef` call on the block is running
-/// on this thread.
-pub(super) unsafe fn drop_unit<T>(ptr: *const ()) {
+/// `p` is a live block (a handle's pointer) and the caller owns one unit,
+/// which it gives up; no `PercpuRef` call on the block is running on this
+/// thread.
+pub(super) unsafe fn drop_unit<T: ?Sized>(p: NonNull<Block<T>>) {
     // SAFETY: forwarded.
-    unsafe { drop_unit_of::<T>(ptr, true) }
+    unsafe { drop_unit_of(p, true) }
+}
+
+/// [`drop_unit`] of a unit that `release` owed (`Erased`).
+///
+/// # Safety
+///
+/// As [`drop_unit`], for the handle's pointer that `erased` was made from.
+unsafe fn drop_erased_unit<T: ?Sized>(erased: ErasedPtr) {
+    // SAFETY: the caller's promise.
+    let p = unsafe { erased.get::<Block<T>>() }.cast_mut();
+    // SAFETY: as above; a handle's pointer is never null.
+    unsafe { drop_unit(NonNull::new_unchecked(p)) }
 }
 
 /// [`drop_unit`], where `may_be_promoted` is false when the caller knows
@@ -1025,8 +1077,8 @@ pub(super) unsafe fn drop_unit<T>(ptr: *const ()) {
 ///
 /// As [`drop_unit`]; the word is not tagged if `may_be_promoted` is false.
 #[inline(always)]
-unsafe fn drop_unit_of<T>(ptr: *const (), may_be_promoted: bool) {
-    let p = ptr.cast::<Block<T>>().cast_mut();
+unsafe fn drop_unit_of<T: ?Sized>(p: NonNull<Block<T>>, may_be_promoted: bool) {
+    let p = p.as_ptr();
     // A failed model unwinds outside any execution, where loom accesses
     // panic (an abort): leak instead (as `owned::block::drop_unit`).
     #[cfg(percpu_ref_loom)]
@@ -1113,9 +1165,36 @@ fn alloc_counts<T: Send + 'static>(
 ) -> NonNull<Block<T>> {
     let mut b = Box::<Block<T>>::new_uninit();
     let raw = b.as_mut_ptr();
-    // SAFETY: `raw` is the box's allocation, aligned for a `Block<T>`; each
-    // field but `value` is written once, through raw places (no reference
-    // to the unfinished block is formed).
+    // SAFETY: `raw` is the box's allocation, aligned for a `Block<T>`.
+    unsafe {
+        init_counts(
+            raw,
+            state,
+            #[cfg(percpu_ref_loom)]
+            backend,
+        );
+    }
+    // `MaybeUninit<Block<T>>` has `Block<T>`'s layout, so the block is
+    // freed as any other.
+    // SAFETY: `Box::into_raw` never returns null.
+    unsafe { NonNull::new_unchecked(Box::into_raw(b).cast::<Block<T>>()) }
+}
+
+/// Writes a new block's fields but `value`: the state word `state` and one
+/// allocation unit.
+///
+/// # Safety
+///
+/// `raw` is a fresh allocation with a `Block<T>`'s layout (its metadata
+/// included), which nobody else can reach yet.
+#[inline(always)]
+unsafe fn init_counts<T: ?Sized>(
+    raw: *mut Block<T>,
+    state: usize,
+    #[cfg(percpu_ref_loom)] backend: Backend,
+) {
+    // SAFETY: the caller's promise; each field but `value` is written once,
+    // through raw places (no reference to the unfinished block is formed).
     unsafe {
         std::ptr::addr_of_mut!((*raw).state).write(AtomicUsize::new(state));
         std::ptr::addr_of_mut!((*raw).units).write(AtomicUsize::new(1));
@@ -1128,10 +1207,73 @@ fn alloc_counts<T: Send + 'static>(
     // thread.
     #[cfg(percpu_ref_loom)]
     crate::owned::block::loom_live_blocks().fetch_add(1, Ordering::Relaxed);
-    // `MaybeUninit<Block<T>>` has `Block<T>`'s layout, so the block is
-    // freed as any other.
-    // SAFETY: `Box::into_raw` never returns null.
-    unsafe { NonNull::new_unchecked(Box::into_raw(b).cast::<Block<T>>()) }
+}
+
+/// The layout of a `Block<[U]>` of `len` elements: `repr(C)`'s, the
+/// counts then the elements (what `Box` frees it with: `Layout::for_value`).
+fn slice_layout<U>(len: usize) -> std::alloc::Layout {
+    let counts = std::alloc::Layout::from_size_align(
+        std::mem::offset_of!(Block<()>, value),
+        std::mem::align_of::<Block<()>>(),
+    )
+    .expect("the counts' layout");
+    std::alloc::Layout::array::<U>(len)
+        .and_then(|elements| counts.extend(elements))
+        .map_or_else(
+            |_| {
+                panic!(
+                    "percpu_ref::shared::Shared::from: a slice of {len} elements of {} bytes is too large to allocate",
+                    std::mem::size_of::<U>()
+                )
+            },
+            |(layout, _)| layout.pad_to_align(),
+        )
+}
+
+/// Allocates the block of a slice of `len` elements with one reference
+/// (the first `Shared`'s) and the count's unit, the elements not yet
+/// written: the caller writes all `len` before anyone reads them, or frees
+/// the block with [`free_unwritten_slice`].
+pub(super) fn alloc_slice<U: Send + 'static>(
+    len: usize,
+    #[cfg(percpu_ref_loom)] backend: Backend,
+) -> NonNull<Block<[U]>> {
+    let layout = slice_layout::<U>(len);
+    // SAFETY: the layout is never zero-sized (it holds the counts).
+    let mem = unsafe { std::alloc::alloc(layout) };
+    if mem.is_null() {
+        std::alloc::handle_alloc_error(layout);
+    }
+    // The length goes with the address: a `*mut [U]` cast to the block
+    // whose last field is `[U]` keeps it.
+    let raw = std::ptr::slice_from_raw_parts_mut(mem.cast::<U>(), len) as *mut Block<[U]>;
+    // SAFETY: a fresh allocation with a `Block<[U]>` of `len`'s layout
+    // (`slice_layout`, `repr(C)`).
+    unsafe {
+        init_counts(
+            raw,
+            ONE,
+            #[cfg(percpu_ref_loom)]
+            backend,
+        );
+    }
+    // SAFETY: `alloc` returned non-null.
+    unsafe { NonNull::new_unchecked(raw) }
+}
+
+/// Frees a block from [`alloc_slice`] whose elements were not all written
+/// (those that were are the caller's to drop first).
+///
+/// # Safety
+///
+/// `p` came from [`alloc_slice`], nobody else can reach it, and it is freed
+/// once.
+pub(super) unsafe fn free_unwritten_slice<U>(p: NonNull<Block<[U]>>) {
+    #[cfg(percpu_ref_loom)]
+    crate::owned::block::loom_live_blocks().fetch_sub(1, Ordering::Relaxed);
+    // SAFETY: the caller's promise; `ManuallyDrop` leaves the elements
+    // alone, and the layout is the one `alloc_slice` allocated with.
+    drop(unsafe { Box::from_raw(p.as_ptr()) });
 }
 
 /// Writes `T` into a block from [`alloc_unpublished`] and makes its count
@@ -1169,7 +1311,7 @@ pub(super) unsafe fn publish<T>(p: NonNull<Block<T>>, value: T) {
 ///
 /// The caller's handle holds an allocation unit or a reference.
 #[inline(always)]
-pub(super) unsafe fn block<'a, T>(p: NonNull<Block<T>>) -> &'a Block<T> {
+pub(super) unsafe fn block<'a, T: ?Sized>(p: NonNull<Block<T>>) -> &'a Block<T> {
     // SAFETY: forwarded to the caller.
     unsafe { &*p.as_ptr() }
 }
@@ -1181,10 +1323,10 @@ pub(super) unsafe fn block<'a, T>(p: NonNull<Block<T>>) -> &'a Block<T> {
 ///
 /// The block at `p` is allocated (the caller holds a unit or a reference).
 #[inline(always)]
-pub(super) unsafe fn value_ptr<T>(p: NonNull<Block<T>>) -> *const T {
+pub(super) unsafe fn value_ptr<T: ?Sized>(p: NonNull<Block<T>>) -> *const T {
     // SAFETY: `p` points to an allocated `Block<T>`; `addr_of!` reads
     // nothing. `ManuallyDrop` is `repr(transparent)`.
-    unsafe { std::ptr::addr_of!((*p.as_ptr()).value) }.cast::<T>()
+    (unsafe { std::ptr::addr_of!((*p.as_ptr()).value) }) as *const T
 }
 
 /// The block whose `T` is at `ptr` (from [`value_ptr`]).
@@ -1197,4 +1339,24 @@ pub(super) unsafe fn block_of<T>(ptr: *const T) -> NonNull<Block<T>> {
     // SAFETY: `ptr` points `offset` bytes into an allocated block (the
     // caller's promise), so stepping back stays inside it, never null.
     unsafe { NonNull::new_unchecked(ptr.byte_sub(offset).cast_mut().cast()) }
+}
+
+/// [`block_of`] for any `T`, sized or not (`[T]`, `str`): the block's
+/// counts are `repr(C)`'s prefix, and `value` follows them at the next
+/// multiple of `T`'s alignment, which is read from the value itself.
+///
+/// # Safety
+///
+/// `ptr` came from [`value_ptr`] of a block whose `T` is alive (a
+/// reference is held): the alignment is read through `&T`.
+pub(super) unsafe fn block_of_live<T: ?Sized>(ptr: *const T) -> NonNull<Block<T>> {
+    // SAFETY: `T` is alive (the caller's promise): a shared borrow for
+    // the length of this call.
+    let align = std::mem::align_of_val(unsafe { &*ptr });
+    let counts = std::mem::offset_of!(Block<()>, value);
+    let offset = counts.next_multiple_of(align);
+    // SAFETY: `ptr` points `offset` bytes into an allocated block (the
+    // caller's promise), so stepping back stays inside it, never null; the
+    // cast keeps the metadata (`value` is the block's last field).
+    unsafe { NonNull::new_unchecked(ptr.byte_sub(offset).cast_mut() as *mut Block<T>) }
 }

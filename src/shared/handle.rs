@@ -1,7 +1,7 @@
 //! [`Shared`], the handle, and the traits it delegates to `T`.
 
 use super::block::{
-    alloc, alloc_unpublished, block, block_of, into_inner_promoted, move_out_last, publish,
+    alloc, alloc_unpublished, block, block_of_live, into_inner_promoted, move_out_last, publish,
     put_in_word, put_ref, value_ptr, Block, InWord, Taken,
 };
 use super::Weak;
@@ -57,16 +57,16 @@ use std::ptr::NonNull;
 ///     assert_eq!(w.join().unwrap(), 6000);
 /// }
 /// ```
-pub struct Shared<T> {
+pub struct Shared<T: ?Sized> {
     pub(super) ptr: NonNull<Block<T>>,
     pub(super) _owns: PhantomData<Block<T>>,
 }
 
 // SAFETY: a `Shared` gives `&T` on any thread (`T: Sync`) and the last one
 // may drop `T` on its thread or on the engine's (`T: Send`), as `Arc<T>`.
-unsafe impl<T: Send + Sync> Send for Shared<T> {}
+unsafe impl<T: ?Sized + Send + Sync> Send for Shared<T> {}
 // SAFETY: as for `Send`.
-unsafe impl<T: Send + Sync> Sync for Shared<T> {}
+unsafe impl<T: ?Sized + Send + Sync> Sync for Shared<T> {}
 
 impl<T: Send + 'static> Shared<T> {
     /// A new value, in atomic mode, with this one handle; as `Arc::new`.
@@ -163,7 +163,7 @@ impl<T: Send + 'static> Shared<T> {
     }
 }
 
-impl<T> Shared<T> {
+impl<T: ?Sized> Shared<T> {
     /// A handle for a reference the caller just took on the block.
     #[inline(always)]
     pub(super) fn from_block(ptr: NonNull<Block<T>>) -> Self {
@@ -208,7 +208,7 @@ impl<T> Shared<T> {
     /// ```
     #[must_use]
     pub fn ptr_eq(this: &Self, other: &Self) -> bool {
-        this.ptr == other.ptr
+        std::ptr::addr_eq(this.ptr.as_ptr(), other.ptr.as_ptr())
     }
 
     /// Counts clones per CPU from now on (the engine releases the value),
@@ -236,7 +236,8 @@ impl<T> Shared<T> {
         reason = "called for its effect; the result only says whether it applied"
     )]
     pub fn promote(this: &Self) -> bool {
-        this.block().promote()
+        // SAFETY: our pointer and reference.
+        unsafe { Block::promote(this.ptr) }
     }
 
     /// Whether the value counts per CPU (promoted), a snapshot.
@@ -290,14 +291,18 @@ impl<T> Shared<T> {
     /// # Safety
     ///
     /// `ptr` must have been returned by `Shared::<T>::into_raw` (the same
-    /// `T`), and each pointer `into_raw` returned must be passed here at
+    /// `T`; for a `Shared<[U]>` or `Shared<str>`, the very wide pointer,
+    /// its length unchanged; or an unsizing coercion of such a pointer, as
+    /// [`shared_unsize!`](crate::shared_unsize) makes: `*const X` to
+    /// `*const dyn Trait` or `*const [X; N]` to `*const [X]`), and each
+    /// pointer `into_raw` returned must be passed here at
     /// most once (the `Shared` made here drops the reference `into_raw`
     /// kept). Anything else is undefined behaviour, as for `Arc`.
     #[must_use = "dropping the Shared drops the reference at once"]
     pub unsafe fn from_raw(ptr: *const T) -> Self {
         // SAFETY: `ptr` came from `value_ptr` of a block its reference keeps
         // allocated (the caller's promise).
-        Shared::from_block(unsafe { block_of(ptr) })
+        Shared::from_block(unsafe { block_of_live(ptr) })
     }
 
     /// Adds a reference to the value behind a pointer from
@@ -353,7 +358,7 @@ impl<T> Shared<T> {
     }
 }
 
-impl<T> Shared<T> {
+impl<T: ?Sized> Shared<T> {
     /// `&mut T` if this is the value's only handle and no [`Weak`] exists,
     /// as `Arc::get_mut`; `None` otherwise. An unpromoted value's check is
     /// `Arc`'s (a compare-and-swap on the allocation count, which a
@@ -613,18 +618,19 @@ impl<T: Clone + Send + 'static> Shared<T> {
     }
 }
 
-impl<T> Clone for Shared<T> {
+impl<T: ?Sized> Clone for Shared<T> {
     /// A get: per CPU once promoted, one atomic add before (counted toward
     /// promotion). Inlined whole, as `PercpuRef::get` (scripts/callgrind-pair
     /// counts it: `shared`).
     #[inline(always)]
     fn clone(&self) -> Self {
-        self.block().get();
+        // SAFETY: our pointer and reference.
+        unsafe { Block::get(self.ptr) };
         Shared::from_block(self.ptr)
     }
 }
 
-impl<T> Drop for Shared<T> {
+impl<T: ?Sized> Drop for Shared<T> {
     /// A put: per CPU once promoted (the engine then drops `T` after the
     /// last one), else one compare-and-swap, and the last drops `T` here.
     #[inline(always)]
@@ -634,7 +640,7 @@ impl<T> Drop for Shared<T> {
     }
 }
 
-impl<T> Deref for Shared<T> {
+impl<T: ?Sized> Deref for Shared<T> {
     type Target = T;
     #[inline]
     fn deref(&self) -> &T {
@@ -644,13 +650,13 @@ impl<T> Deref for Shared<T> {
     }
 }
 
-impl<T> AsRef<T> for Shared<T> {
+impl<T: ?Sized> AsRef<T> for Shared<T> {
     fn as_ref(&self) -> &T {
         self
     }
 }
 
-impl<T> Borrow<T> for Shared<T> {
+impl<T: ?Sized> Borrow<T> for Shared<T> {
     fn borrow(&self) -> &T {
         self
     }
@@ -670,45 +676,45 @@ impl<T: Default + Send + 'static> Default for Shared<T> {
     }
 }
 
-impl<T: fmt::Debug> fmt::Debug for Shared<T> {
+impl<T: ?Sized + fmt::Debug> fmt::Debug for Shared<T> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         fmt::Debug::fmt(&**self, f)
     }
 }
 
-impl<T: fmt::Display> fmt::Display for Shared<T> {
+impl<T: ?Sized + fmt::Display> fmt::Display for Shared<T> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         fmt::Display::fmt(&**self, f)
     }
 }
 
-impl<T> fmt::Pointer for Shared<T> {
+impl<T: ?Sized> fmt::Pointer for Shared<T> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         fmt::Pointer::fmt(&Shared::as_ptr(self), f)
     }
 }
 
-impl<T: Hash> Hash for Shared<T> {
+impl<T: ?Sized + Hash> Hash for Shared<T> {
     fn hash<H: Hasher>(&self, state: &mut H) {
         (**self).hash(state);
     }
 }
 
-impl<T: PartialEq> PartialEq for Shared<T> {
+impl<T: ?Sized + PartialEq> PartialEq for Shared<T> {
     fn eq(&self, other: &Self) -> bool {
         **self == **other
     }
 }
 
-impl<T: Eq> Eq for Shared<T> {}
+impl<T: ?Sized + Eq> Eq for Shared<T> {}
 
-impl<T: PartialOrd> PartialOrd for Shared<T> {
+impl<T: ?Sized + PartialOrd> PartialOrd for Shared<T> {
     fn partial_cmp(&self, other: &Self) -> Option<CmpOrdering> {
         (**self).partial_cmp(&**other)
     }
 }
 
-impl<T: Ord> Ord for Shared<T> {
+impl<T: ?Sized + Ord> Ord for Shared<T> {
     fn cmp(&self, other: &Self) -> CmpOrdering {
         (**self).cmp(&**other)
     }

@@ -20,16 +20,16 @@ use std::ptr::NonNull;
 /// let w = Shared::downgrade(&s);
 /// std::thread::spawn(move || drop(w));
 /// ```
-pub struct Weak<T> {
+pub struct Weak<T: ?Sized> {
     /// The block, or `None` for [`Weak::new`].
     pub(super) ptr: Option<NonNull<Block<T>>>,
     pub(super) _owns: PhantomData<Block<T>>,
 }
 
 // SAFETY: a `Weak` can make a `Shared` on any thread: the rules of `Shared`.
-unsafe impl<T: Send + Sync> Send for Weak<T> {}
+unsafe impl<T: ?Sized + Send + Sync> Send for Weak<T> {}
 // SAFETY: as for `Send`.
-unsafe impl<T: Send + Sync> Sync for Weak<T> {}
+unsafe impl<T: ?Sized + Send + Sync> Sync for Weak<T> {}
 
 impl<T> Weak<T> {
     /// A `Weak` that belongs to no value: [`upgrade`](Self::upgrade)
@@ -50,7 +50,9 @@ impl<T> Weak<T> {
             _owns: PhantomData,
         }
     }
+}
 
+impl<T: ?Sized> Weak<T> {
     /// One more allocation unit of the block at `p`, for a `Shared`'s
     /// `downgrade`: waits while `Shared::get_mut` holds the count locked.
     pub(super) fn downgraded(p: NonNull<Block<T>>) -> Self {
@@ -212,9 +214,16 @@ impl<T> Weak<T> {
     /// ```
     #[must_use]
     pub fn ptr_eq(this: &Self, other: &Self) -> bool {
-        this.ptr == other.ptr
+        match (this.ptr, other.ptr) {
+            (Some(a), Some(b)) => std::ptr::addr_eq(a.as_ptr(), b.as_ptr()),
+            (a, b) => a.is_none() && b.is_none(),
+        }
     }
+}
 
+/// Raw pointers, for sized `T` only: a [`Weak::new`] has no block, and its
+/// dangling address carries no slice length.
+impl<T> Weak<T> {
     /// The address of `T` (also after it was dropped), or a dangling,
     /// aligned, non-null address for a [`Weak::new`]; as `Weak::as_ptr`.
     ///
@@ -287,28 +296,31 @@ impl<T> Default for Weak<T> {
     }
 }
 
-impl<T> Clone for Weak<T> {
+impl<T: ?Sized> Clone for Weak<T> {
     fn clone(&self) -> Self {
         match self.ptr {
             Some(p) => Weak::new_unit(p),
-            None => Weak::new(),
+            None => Weak {
+                ptr: None,
+                _owns: PhantomData,
+            },
         }
     }
 }
 
-impl<T> Drop for Weak<T> {
+impl<T: ?Sized> Drop for Weak<T> {
     fn drop(&mut self) {
         if let Some(p) = self.ptr {
             // SAFETY: this `Weak` owns one unit and is going away; it is
             // not inside a `PercpuRef` call of the block (a `T` that holds a
             // `Weak` to itself drops it inside `release`, but the count's
             // unit is still held then, so this is not the last).
-            unsafe { drop_unit::<T>(p.as_ptr().cast_const().cast()) }
+            unsafe { drop_unit(p) }
         }
     }
 }
 
-impl<T> fmt::Debug for Weak<T> {
+impl<T: ?Sized> fmt::Debug for Weak<T> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str("(Weak)")
     }
