@@ -136,6 +136,23 @@ fn test_from_string() {
 }
 
 #[test]
+fn from_cow() {
+    use std::borrow::Cow;
+    let b: Shared<str> = Shared::from(Cow::Borrowed("borrowed"));
+    let o: Shared<str> = Shared::from(Cow::<str>::Owned(String::from("owned")));
+    assert_eq!((&*b, &*o), ("borrowed", "owned"));
+    let live = Arc::new(AtomicUsize::new(0));
+    let v = vec![Counted::new(1, &live), Counted::new(2, &live)];
+    let cloned: Shared<[Counted]> = Shared::from(Cow::Borrowed(&v[..]));
+    assert_eq!(live.load(SeqCst), 4, "a borrowed slice is cloned");
+    let moved: Shared<[Counted]> = Shared::from(Cow::<[Counted]>::Owned(v));
+    assert_eq!(live.load(SeqCst), 4, "an owned one is moved");
+    assert_eq!((cloned[1].v, moved[0].v), (2, 1));
+    drop((cloned, moved));
+    assert_eq!(live.load(SeqCst), 0);
+}
+
+#[test]
 fn test_from_box_slice() {
     let s = vec![1, 2, 3].into_boxed_slice();
     let r: Shared<[u32]> = Shared::from(s);

@@ -93,6 +93,23 @@ pub(crate) fn from_vec_on<U: Send + 'static>(
     Shared::from_block(block)
 }
 
+/// A value with a copy of `elements` (one `memcpy`).
+fn from_copied<U: Copy + Send + 'static>(elements: &[U]) -> Shared<[U]> {
+    let len = elements.len();
+    let block = alloc_slice::<U>(
+        len,
+        #[cfg(percpu_ref_loom)]
+        crate::backend(),
+    );
+    // SAFETY: the new block has room for `len` elements and is ours alone;
+    // `U: Copy`, so a bitwise copy is a copy.
+    unsafe {
+        let first = value_ptr(block).cast::<U>().cast_mut();
+        std::ptr::copy_nonoverlapping(elements.as_ptr(), first, len);
+    }
+    Shared::from_block(block)
+}
+
 /// Clones each element into one new allocation, as `Arc::from(&[T])`.
 ///
 /// # Examples
@@ -191,7 +208,7 @@ fn from_str_bytes(bytes: Shared<[u8]>) -> Shared<str> {
 /// ```
 impl From<&str> for Shared<str> {
     fn from(s: &str) -> Self {
-        from_str_bytes(Shared::from(s.as_bytes()))
+        from_str_bytes(from_copied(s.as_bytes()))
     }
 }
 
@@ -208,6 +225,28 @@ impl From<String> for Shared<str> {
 impl From<Box<str>> for Shared<str> {
     fn from(s: Box<str>) -> Self {
         Shared::from(String::from(s))
+    }
+}
+
+/// Copies a borrowed string, or moves an owned one's bytes, into one new
+/// allocation, as `Arc::from(Cow<str>)`.
+impl From<std::borrow::Cow<'_, str>> for Shared<str> {
+    fn from(s: std::borrow::Cow<'_, str>) -> Self {
+        match s {
+            std::borrow::Cow::Borrowed(s) => Shared::from(s),
+            std::borrow::Cow::Owned(s) => Shared::from(s),
+        }
+    }
+}
+
+/// Clones a borrowed slice's elements, or moves an owned one's, into one
+/// new allocation, as `Arc::from(Cow<[T]>)`.
+impl<U: Clone + Send + 'static> From<std::borrow::Cow<'_, [U]>> for Shared<[U]> {
+    fn from(v: std::borrow::Cow<'_, [U]>) -> Self {
+        match v {
+            std::borrow::Cow::Borrowed(v) => Shared::from(v),
+            std::borrow::Cow::Owned(v) => from_vec(v),
+        }
     }
 }
 
