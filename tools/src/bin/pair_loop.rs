@@ -2,7 +2,7 @@
 //! for counting instructions per pair with callgrind
 //! (`scripts/callgrind-pair`) or timing one thread quickly.
 //!
-//! Usage: `pair_loop <rseq|sharded|rseq-atomic|atomic|arc|shared|rseq-churn|sharded-churn|new-churn|arc-churn|floor-churn|shared-churn> <n>`
+//! Usage: `pair_loop <rseq|sharded|rseq-atomic|atomic|arc|shared|shared-str|rseq-churn|sharded-churn|new-churn|arc-churn|floor-churn|shared-churn> <n>`
 //!
 //! `rseq-atomic` is a get + put on an `INIT_ATOMIC` ref of the rseq backend:
 //! the section finds atomic mode and the pair takes the atomic counter's
@@ -13,7 +13,8 @@
 //! `PercpuRef::new` (the default backend), the others with a chosen one.
 //!
 //! `shared` is a clone + drop of a promoted `percpu_ref::shared::Shared`
-//! (per CPU; its engine's rounds while the loop runs are counted too), and
+//! (per CPU; its engine's rounds while the loop runs are counted too),
+//! `shared-str` the same on a `Shared<str>` (a wide handle), and
 //! `shared-churn` a `Shared::new` + clone + drop of both (never promoted:
 //! the last drop drops the value), as `arc-churn` for `Arc`.
 //!
@@ -83,6 +84,14 @@ fn ref_on(backend: Backend) -> PercpuRef {
 
 #[inline(never)]
 fn shared_pairs(s: &Shared<u64>, n: u64) {
+    for _ in 0..n {
+        drop(black_box(Shared::clone(s)));
+    }
+}
+
+/// `shared_pairs` on a `Shared<str>`: a wide handle, the same block code.
+#[inline(never)]
+fn shared_str_pairs(s: &Shared<str>, n: u64) {
     for _ in 0..n {
         drop(black_box(Shared::clone(s)));
     }
@@ -175,7 +184,7 @@ fn main() {
         (Some(w), Some(Ok(n))) => (w.as_str(), n),
         _ => {
             eprintln!(
-                "usage: pair_loop <rseq|sharded|rseq-atomic|atomic|arc|shared|rseq-churn|\
+                "usage: pair_loop <rseq|sharded|rseq-atomic|atomic|arc|shared|shared-str|rseq-churn|\
                  sharded-churn|new-churn|arc-churn|floor-churn|shared-churn> <n>"
             );
             std::process::exit(2);
@@ -222,6 +231,11 @@ fn main() {
             let s = Shared::new(0u64);
             Shared::promote(&s);
             shared_pairs(black_box(&s), black_box(n));
+        }
+        "shared-str" => {
+            let s: Shared<str> = Shared::from("a name");
+            Shared::promote(&s);
+            shared_str_pairs(black_box(&s), black_box(n));
         }
         "shared-churn" => shared_churn(black_box(n)),
         other => panic!("pair_loop: unknown variant {other:?}"),
