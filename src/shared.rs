@@ -154,13 +154,13 @@ pub use wake::Wake;
 pub use weak::Weak;
 
 // No handle pins anything: `T` lives in the heap block (as `Arc<T>: Unpin`).
-impl<T> Unpin for Shared<T> {}
-impl<T> Unpin for Weak<T> {}
+impl<T: ?Sized> Unpin for Shared<T> {}
+impl<T: ?Sized> Unpin for Weak<T> {}
 
 // Stated as `Arc<T>`'s (the auto impls would also ask `T: UnwindSafe`,
 // through the `PhantomData` of the block): a handle gives `&T` and nothing
 // else, so it is unwind safe when `T: RefUnwindSafe`.
-impl<T: RefUnwindSafe> UnwindSafe for Shared<T> {}
-impl<T: RefUnwindSafe> RefUnwindSafe for Shared<T> {}
-impl<T: RefUnwindSafe> UnwindSafe for Weak<T> {}
-impl<T: RefUnwindSafe> RefUnwindSafe for Weak<T> {}
+impl<T: ?Sized + RefUnwindSafe> UnwindSafe for Shared<T> {}
+impl<T: ?Sized + RefUnwindSafe> RefUnwindSafe for Shared<T> {}
+impl<T: ?Sized + RefUnwindSafe> UnwindSafe for Weak<T> {}
+impl<T: ?Sized + RefUnwindSafe> RefUnwindSafe for Weak<T> {}

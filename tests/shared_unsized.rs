@@ -232,10 +232,16 @@ fn default_and_traits() {
     // As `Arc`'s: the value's pointer, wide (its length shown).
     assert_eq!(format!("{s:p}"), format!("{:p}", Shared::as_ptr(&s)));
 
-    fn assert_send_sync<T: Send + Sync>() {}
+    fn assert_send_sync<T: Send + Sync + Unpin + std::panic::UnwindSafe>() {}
     assert_send_sync::<Shared<str>>();
     assert_send_sync::<Shared<[u64]>>();
     assert_send_sync::<Weak<str>>();
+    fn assert_shareable<T: Send + Sync + Unpin>() {}
+    assert_shareable::<Shared<dyn Display + Send + Sync>>();
+    // As `Arc<T>`: `Unpin` whatever `T` is (the value lives in the block).
+    fn assert_unpin<T: Unpin + ?Sized>() {}
+    assert_unpin::<Shared<[std::marker::PhantomPinned]>>();
+    assert_unpin::<Weak<dyn Display>>();
 }
 
 #[test]
