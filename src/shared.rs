@@ -78,7 +78,7 @@
 //! of CPUs (on a 2-vCPU Xeon VM: 1.00× the `PercpuRef` pair, 4.1× faster
 //! than `Arc`'s on one thread, 29× on two); an unpromoted one costs about
 //! `Arc`'s (compare-and-swaps instead of adds: the same time on one
-//! thread, more instructions: `new` + clone + two drops take 202 where
+//! thread, more instructions: `new` + clone + two drops take 200 where
 //! `Arc` takes 178, and a value that can be promoted in place cannot take
 //! fewer than about 184, since each clone and drop must first learn where
 //! to count). Making and dropping a value costs about what `Arc`'s does

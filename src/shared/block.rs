@@ -155,6 +155,23 @@ pub(super) enum Taken {
 /// between its two loads.
 pub(super) const UNITS_LOCKED: usize = usize::MAX;
 
+/// The low byte of an untagged word at which the next clone sets
+/// `PROMOTING` (the clones' bits all set); it and every larger one (with
+/// `PROMOTING`) make [`Block::get`] go out of line.
+const LAST_CLONE_BEFORE_PROMOTING: u8 = low_byte(PROMOTING - CLONE_ONE);
+const _: () = assert!(PROMOTING < 0x100 && ONE == 0x100);
+
+/// The byte of a state word below the count: `PROMOTING`, the clones and
+/// `TAGGED` (one compare of a byte register on `x86_64`).
+#[inline(always)]
+#[allow(
+    clippy::cast_possible_truncation,
+    reason = "the truncation is the point: bits 0..=7"
+)]
+const fn low_byte(w: usize) -> u8 {
+    w as u8
+}
+
 /// The references counted in a state word that is not tagged.
 #[inline(always)]
 fn count(w: usize) -> usize {
@@ -257,25 +274,59 @@ impl<T: ?Sized> Block<T> {
             return unsafe { ref_at(w) }.get();
         }
         loop {
-            if w & PROMOTING != 0 {
-                return this.get_slow();
+            // The clone that carries the clones into `PROMOTING` and every
+            // one after it go out of line: one compare of the low byte
+            // here, where a test of `PROMOTING` before the compare-and-swap
+            // and one of the result after it took two.
+            if low_byte(w) >= LAST_CLONE_BEFORE_PROMOTING {
+                // SAFETY: the caller's pointer and reference.
+                return unsafe { Self::get_at_threshold(p) };
             }
             // Relaxed: a new reference from an existing one (as
-            // `Arc::clone`); a failure that finds the word tagged or
-            // promoting goes to `get_slow`, which loads it again (acquire).
+            // `Arc::clone`); a failure that finds the word tagged goes to
+            // `get_slow`, which loads it again (acquire).
             match this
                 .state
                 .compare_exchange(w, w + CLONE, Ordering::Relaxed, Ordering::Relaxed)
             {
-                Ok(_) => {
-                    if (w + CLONE) & PROMOTING != 0 {
-                        // SAFETY: the caller's pointer and reference.
-                        unsafe { Self::promote_claimed(p) };
-                    }
-                    return;
-                }
+                Ok(_) => return,
                 Err(now) if now & TAGGED != 0 => return this.get_slow(),
                 Err(now) => w = now,
+            }
+        }
+    }
+
+    /// A get at or past the promotion threshold: the clone whose
+    /// compare-and-swap sets `PROMOTING` hands the count over; after it,
+    /// `get_slow`.
+    ///
+    /// # Safety
+    ///
+    /// As [`Block::get`]'s.
+    #[cold]
+    #[inline(never)]
+    unsafe fn get_at_threshold(p: NonNull<Self>) {
+        // SAFETY: the caller's reference keeps the block alive.
+        let this = unsafe { p.as_ref() };
+        loop {
+            // ordering-audit: kept: Acquire, as `get`'s first load (the
+            // ref's publication); no model clones to the threshold.
+            let w = this.state.load(Ordering::Acquire);
+            if w & (TAGGED | PROMOTING) != 0 {
+                return this.get_slow();
+            }
+            // Relaxed: as in `get`; the winner of the threshold alone
+            // sets `PROMOTING` (invariant 3).
+            if this
+                .state
+                .compare_exchange(w, w + CLONE, Ordering::Relaxed, Ordering::Relaxed)
+                .is_ok()
+            {
+                if (w + CLONE) & PROMOTING != 0 {
+                    // SAFETY: the caller's pointer and reference.
+                    unsafe { Self::promote_claimed(p) };
+                }
+                return;
             }
         }
     }
