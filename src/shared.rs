@@ -54,7 +54,7 @@
 //!
 //! | `Arc<T>` / `sync::Weak<T>` | here |
 //! |---|---|
-//! | `Arc::new`, `From<T>`, `Default` | the same (`T: Send + 'static`) |
+//! | `Arc::new`, `Arc::pin`, `From<T>`, `From<Box<T>>`, `Default` | the same (`T: Send + 'static`) |
 //! | `Clone`, `Drop`, `Deref` | the same; per CPU once promoted |
 //! | `Arc::downgrade`, `Weak::upgrade`, `Weak::new` | the same; an upgrade of a promoted value succeeds until the engine dropped it (it revives the value), not only until the last `Shared` is gone |
 //! | `ptr_eq`, `as_ptr`, `into_raw`, `from_raw` (of `Arc` and of `Weak`) | the same |

@@ -197,6 +197,32 @@ fn test_from_owned() {
 }
 
 #[test]
+fn test_from_box() {
+    let b: Box<u32> = Box::new(123);
+    let r: Shared<u32> = Shared::from(b);
+    assert_eq!(*r, 123);
+}
+
+#[test]
+fn pinned_values_are_dropped_in_place() {
+    for promote in [false, true] {
+        let a = Shared::pin(Canary::new(1));
+        let drops = a.drops.clone();
+        let place = std::ptr::from_ref::<Canary>(&a);
+        if promote {
+            // `Canary: Unpin`, so the handle can be had back to promote.
+            let promoted = Shared::promote(&std::pin::Pin::into_inner(a.clone()));
+            assert!(promoted || percpu_ref::backend() != Backend::Rseq);
+        }
+        let clones: Vec<_> = (0..10).map(|_| a.clone()).collect();
+        assert!(clones.iter().all(|c| std::ptr::eq(&**c, place)));
+        drop((a, clones));
+        percpu_ref::flush();
+        assert_eq!(drops.load(SeqCst), 1);
+    }
+}
+
+#[test]
 fn test_new_weak() {
     let foo: Weak<usize> = Weak::new();
     assert!(foo.upgrade().is_none());

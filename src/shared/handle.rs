@@ -12,6 +12,7 @@ use std::hash::{Hash, Hasher};
 use std::marker::PhantomData;
 use std::mem::ManuallyDrop;
 use std::ops::Deref;
+use std::pin::Pin;
 use std::ptr::NonNull;
 
 /// A shared, reference-counted `T` that frees itself, counted per CPU once
@@ -86,6 +87,35 @@ impl<T: Send + 'static> Shared<T> {
             #[cfg(percpu_ref_loom)]
             crate::backend(),
         ))
+    }
+
+    /// A new value that can never be moved out of its block again, as
+    /// `Arc::pin`: `T` is dropped in place (by the last handle, or by the
+    /// engine), and nothing hands out `&mut T` or `T` through a pinned
+    /// handle.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use percpu_ref::shared::Shared;
+    /// use std::marker::PhantomPinned;
+    ///
+    /// struct Node {
+    ///     value: u32,
+    ///     _pinned: PhantomPinned, // say, a list others point into
+    /// }
+    /// let a = Shared::pin(Node { value: 1, _pinned: PhantomPinned });
+    /// let b = a.clone(); // the clones share the one pinned value
+    /// assert_eq!(b.value, 1);
+    /// assert!(std::ptr::eq(&*a, &*b));
+    /// ```
+    #[must_use]
+    pub fn pin(value: T) -> Pin<Self> {
+        // SAFETY: the block never moves `T`: it is dropped in place, and
+        // what moves it out (`try_unwrap`, `into_inner`, `make_mut`) or
+        // lends `&mut T` (`get_mut`) needs the `Shared` itself, which a
+        // `Pin` gives only for `T: Unpin`.
+        unsafe { Pin::new_unchecked(Shared::new(value)) }
     }
 
     /// A new value that can hold [`Weak`]s of itself, as `Arc::new_cyclic`:
@@ -666,6 +696,15 @@ impl<T: Send + 'static> From<T> for Shared<T> {
     /// [`Shared::new`].
     fn from(value: T) -> Self {
         Shared::new(value)
+    }
+}
+
+impl<T: Send + 'static> From<Box<T>> for Shared<T> {
+    /// The boxed value moved into a new block (the box is freed), as
+    /// `Arc::from(Box<T>)`; a boxed slice or `str` has its own `From`
+    /// (`Shared<[T]>`, `Shared<str>`).
+    fn from(value: Box<T>) -> Self {
+        Shared::new(*value)
     }
 }
 
