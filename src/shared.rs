@@ -55,6 +55,7 @@
 //! | `Arc<T>` / `sync::Weak<T>` | here |
 //! |---|---|
 //! | `Arc::new`, `Arc::pin`, `From<T>`, `From<Box<T>>`, `Default` | the same (`T: Send + 'static`) |
+//! | `Arc::new_uninit`, `Arc::new_uninit_slice`, `assume_init` | the same; a value is not promoted before its `assume_init`, and one shared (or with a `Weak`) at its `assume_init` never is: it stays an `Arc` (another handle may still be a `MaybeUninit` one, whose promotion would never drop `T`) |
 //! | `Clone`, `Drop`, `Deref` | the same; per CPU once promoted |
 //! | `Arc::downgrade`, `Weak::upgrade`, `Weak::new` | the same; an upgrade of a promoted value succeeds until the engine dropped it (it revives the value), not only until the last `Shared` is gone |
 //! | `ptr_eq`, `as_ptr`, `into_raw`, `from_raw` (of `Arc` and of `Weak`) | the same |
@@ -142,6 +143,7 @@ use std::panic::{RefUnwindSafe, UnwindSafe};
 mod block;
 mod handle;
 mod slice;
+mod uninit;
 mod unsize;
 mod wake;
 mod weak;

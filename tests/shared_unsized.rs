@@ -2,7 +2,7 @@
 //! `Arc` tests, rewritten for `percpu_ref::shared` (our code, their cases:
 //! rust-lang/rust library/alloctests/tests/arc.rs and
 //! library/alloc/src/sync/tests.rs), and the layout, promotion and
-//! concurrency cases of our own. Where the behaviour could differ, each
+//! concurrency cases of our own, and `new_uninit`. Where the behaviour could differ, each
 //! runs on a fresh value (atomic mode, as an `Arc`) and on a promoted one,
 //! with `percpu_ref::flush()` where `Arc` would have dropped the value at
 //! once. `Arc`'s implicit unsized coercion (`let a: Arc<dyn Any> = arc;`,
@@ -546,4 +546,83 @@ fn threads_share_trait_objects() {
     assert!(results.windows(2).all(|w| w[0] == w[1]), "{results:?}");
     percpu_ref::flush();
     assert_eq!(live.load(SeqCst), 0);
+}
+
+/// `new_uninit`: written through `get_mut`, then promoted as any value
+/// once `assume_init` found its handle the only one.
+#[test]
+fn new_uninit_then_promoted() {
+    let live = Arc::new(AtomicUsize::new(0));
+    let mut u = Shared::<Counted>::new_uninit();
+    // Held: not promoted while uninitialised, whatever the clones.
+    assert!(!Shared::promote(&u));
+    let clones: Vec<_> = (0..200).map(|_| u.clone()).collect();
+    assert!(!Shared::is_percpu(&u));
+    drop(clones);
+    Shared::get_mut(&mut u)
+        .expect("the only handle")
+        .write(Counted::new(3, &live));
+    // SAFETY: written just above.
+    let s = unsafe { u.assume_init() };
+    assert_eq!(s.v, 3);
+    let promoted = promote(&s);
+    let c = s.clone();
+    drop(s);
+    assert_eq!(live.load(SeqCst), 1);
+    drop(c);
+    if promoted {
+        percpu_ref::flush();
+    }
+    assert_eq!(live.load(SeqCst), 0, "dropped once, through T's release");
+}
+
+/// A value shared (or with a `Weak`) before its `assume_init` is never
+/// promoted: another handle may still be a `MaybeUninit` one.
+#[test]
+fn assume_init_of_a_shared_value_keeps_it_in_the_word() {
+    let live = Arc::new(AtomicUsize::new(0));
+    let mut u = Shared::<Counted>::new_uninit();
+    Shared::get_mut(&mut u)
+        .unwrap()
+        .write(Counted::new(4, &live));
+    let other = u.clone();
+    // SAFETY: written above.
+    let s = unsafe { u.assume_init() };
+    assert!(!Shared::promote(&s));
+    let clones: Vec<_> = (0..200).map(|_| s.clone()).collect();
+    assert!(!Shared::is_percpu(&s));
+    drop((other, clones));
+    drop(s); // the last handle is a `Shared<Counted>`: dropped here, at once
+    assert_eq!(live.load(SeqCst), 0);
+
+    let mut u = Shared::<u8>::new_uninit();
+    Shared::get_mut(&mut u).unwrap().write(1);
+    let w = Shared::downgrade(&u);
+    // SAFETY: written above.
+    let s = unsafe { u.assume_init() };
+    assert!(!Shared::promote(&s), "a Weak existed at assume_init");
+    drop(w);
+}
+
+#[test]
+fn new_uninit_slice_filled_in_place() {
+    let live = Arc::new(AtomicUsize::new(0));
+    let n = if cfg!(miri) { 10 } else { 1000 };
+    let mut u = Shared::<[Counted]>::new_uninit_slice(n);
+    for (i, e) in Shared::get_mut(&mut u).unwrap().iter_mut().enumerate() {
+        e.write(Counted::new(i, &live));
+    }
+    // SAFETY: every element written above.
+    let s = unsafe { u.assume_init() };
+    assert_eq!((s.len(), s[n - 1].v), (n, n - 1));
+    let promoted = promote(&s);
+    let clones: Vec<_> = (0..10).map(|_| s.clone()).collect();
+    drop((s, clones));
+    if promoted {
+        percpu_ref::flush();
+    }
+    assert_eq!(live.load(SeqCst), 0);
+    let empty = Shared::<[String]>::new_uninit_slice(0);
+    // SAFETY: no element to write.
+    assert!(unsafe { empty.assume_init() }.is_empty());
 }

@@ -656,6 +656,21 @@ impl<T: ?Sized> Block<T> {
         }
     }
 
+    /// Ends the promotion hold of a value made uninitialised ([`HELD`]) if
+    /// the caller's handle is its only one and no `Weak` exists (the check
+    /// of `get_mut`): nobody else can reach the word, and the value will be
+    /// promoted as any other. A value shared before stays held: another
+    /// handle, or one a `Weak` upgrades to, may still be the
+    /// `MaybeUninit` one whose clone would promote it.
+    pub(super) fn end_promotion_hold(&self) {
+        if self.is_unique() {
+            // Relaxed: no other handle or `Weak` exists to read the word;
+            // whatever the next one is made from (this handle) is ordered
+            // after this on its own thread or by the send that moves it.
+            self.state.fetch_and(!PROMOTING, Ordering::Relaxed);
+        }
+    }
+
     /// Switches to per-CPU counting under the engine's management, unless
     /// done; true if the block counts per CPU now (false while another
     /// thread is handing the count over). The caller holds a reference
@@ -1190,6 +1205,36 @@ pub(super) fn alloc<T: Send + 'static>(
     p
 }
 
+/// The state word of a value made uninitialised (`Shared::new_uninit`):
+/// one reference, and `PROMOTING` set with nobody handing anything over,
+/// so that it is not promoted before `assume_init` ends the hold
+/// ([`Block::end_promotion_hold`]): the ref's erased `release` would be
+/// `MaybeUninit<T>`'s, which drops nothing, for good. Clones count in the
+/// word meanwhile, as on a backend that never promotes.
+const HELD: usize = ONE | PROMOTING;
+
+/// Allocates the block of a `MaybeUninit<T>` with one reference, the
+/// count's unit and promotion held ([`HELD`]).
+pub(super) fn alloc_held<T: Send + 'static>() -> NonNull<Block<std::mem::MaybeUninit<T>>> {
+    alloc_counts::<std::mem::MaybeUninit<T>>(
+        HELD,
+        #[cfg(percpu_ref_loom)]
+        crate::backend(),
+    )
+}
+
+/// [`alloc_held`] for a slice of `len` elements.
+pub(super) fn alloc_slice_held<U: Send + 'static>(
+    len: usize,
+) -> NonNull<Block<[std::mem::MaybeUninit<U>]>> {
+    alloc_slice_with::<std::mem::MaybeUninit<U>>(
+        len,
+        HELD,
+        #[cfg(percpu_ref_loom)]
+        crate::backend(),
+    )
+}
+
 /// Allocates the block for [`Shared::new_cyclic`]: the count at zero (an
 /// upgrade fails, as from a value already dropped), one allocation unit
 /// (the `Weak` that `new_cyclic` lends to its function) and `T` not yet
@@ -1289,6 +1334,20 @@ pub(super) fn alloc_slice<U: Send + 'static>(
     len: usize,
     #[cfg(percpu_ref_loom)] backend: Backend,
 ) -> NonNull<Block<[U]>> {
+    alloc_slice_with(
+        len,
+        ONE,
+        #[cfg(percpu_ref_loom)]
+        backend,
+    )
+}
+
+/// [`alloc_slice`] with the state word `state`.
+fn alloc_slice_with<U: Send + 'static>(
+    len: usize,
+    state: usize,
+    #[cfg(percpu_ref_loom)] backend: Backend,
+) -> NonNull<Block<[U]>> {
     let layout = slice_layout::<U>(len);
     // SAFETY: the layout is never zero-sized (it holds the counts).
     let mem = unsafe { std::alloc::alloc(layout) };
@@ -1303,7 +1362,7 @@ pub(super) fn alloc_slice<U: Send + 'static>(
     unsafe {
         init_counts(
             raw,
-            ONE,
+            state,
             #[cfg(percpu_ref_loom)]
             backend,
         );
