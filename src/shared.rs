@@ -55,7 +55,7 @@
 //! | `Arc<T>` / `sync::Weak<T>` | here |
 //! |---|---|
 //! | `Arc::new`, `Arc::pin`, `From<T>`, `From<Box<T>>`, `Default` | the same (`T: Send + 'static`) |
-//! | `Arc::new_uninit`, `Arc::new_uninit_slice`, `assume_init` | the same; a value is not promoted before its `assume_init`, and one shared (or with a `Weak`) at its `assume_init` never is: it stays an `Arc` (another handle may still be a `MaybeUninit` one, whose promotion would never drop `T`) |
+//! | `Arc::new_uninit`, `Arc::new_uninit_slice`, `assume_init` | the same; a value is not promoted before its `assume_init`, and one shared (or with a `Weak`) at its `assume_init` never is: it stays an `Arc` (another handle may still be a `MaybeUninit` one, whose promotion would never drop `T`); a `Shared<MaybeUninit<T>>` made with `Shared::new` and promoted before `assume_init` is moved into a new block by its only handle, and leaks `T` if shared |
 //! | `Clone`, `Drop`, `Deref` | the same; per CPU once promoted |
 //! | `Arc::downgrade`, `Weak::upgrade`, `Weak::new` | the same; an upgrade of a promoted value succeeds until the engine dropped it (it revives the value), not only until the last `Shared` is gone |
 //! | `ptr_eq`, `as_ptr`, `into_raw`, `from_raw` (of `Arc` and of `Weak`) | the same |

@@ -626,3 +626,43 @@ fn new_uninit_slice_filled_in_place() {
     // SAFETY: no element to write.
     assert!(unsafe { empty.assume_init() }.is_empty());
 }
+
+/// A `Shared<MaybeUninit<T>>` made with `Shared::new` can be promoted
+/// before its `assume_init` (its ref's `release` then drops nothing): the
+/// only handle moves the value into a new block, so `T` is dropped once;
+/// with other handles alive the promoted word is left as it is (`T` is
+/// leaked, never dropped twice or read freed).
+#[test]
+fn assume_init_of_a_value_promoted_uninitialised() {
+    use std::mem::MaybeUninit;
+    let live = Arc::new(AtomicUsize::new(0));
+    let u = Shared::new(MaybeUninit::new(Counted::new(8, &live)));
+    promote(&u);
+    let clones: Vec<_> = (0..100).map(|_| u.clone()).collect();
+    drop(clones);
+    // SAFETY: made initialised.
+    let s = unsafe { u.assume_init() };
+    assert_eq!(s.v, 8);
+    // Moved into a new block: in atomic mode again, as a fresh value.
+    assert!(!Shared::is_percpu(&s));
+    let c = s.clone();
+    drop((s, c));
+    percpu_ref::flush();
+    assert_eq!(live.load(SeqCst), 0, "dropped once, as a T");
+
+    let u = Shared::new(MaybeUninit::new(Counted::new(9, &live)));
+    let promoted = promote(&u);
+    let other = u.clone();
+    // SAFETY: made initialised.
+    let s = unsafe { u.assume_init() };
+    let more: Vec<_> = (0..100).map(|_| s.clone()).collect();
+    assert!(more.iter().all(|m| m.v == 9));
+    // The `MaybeUninit` handle first: as with std, a value whose last
+    // handle is a `MaybeUninit` one is never dropped.
+    drop(other);
+    drop((s, more));
+    percpu_ref::flush();
+    // Promoted as a `MaybeUninit` and shared at `assume_init`: leaked
+    // (its ref's `release` is `MaybeUninit`'s); else dropped by the last.
+    assert_eq!(live.load(SeqCst), usize::from(promoted));
+}

@@ -662,13 +662,26 @@ impl<T: ?Sized> Block<T> {
     /// promoted as any other. A value shared before stays held: another
     /// handle, or one a `Weak` upgrades to, may still be the
     /// `MaybeUninit` one whose clone would promote it.
-    pub(super) fn end_promotion_hold(&self) {
-        if self.is_unique() {
-            // Relaxed: no other handle or `Weak` exists to read the word;
-            // whatever the next one is made from (this handle) is ordered
-            // after this on its own thread or by the send that moves it.
-            self.state.fetch_and(!PROMOTING, Ordering::Relaxed);
+    ///
+    /// False if the value was promoted as a `MaybeUninit` (one made with
+    /// `Shared::new`, not `new_uninit`): its word holds the ref's address,
+    /// which this leaves alone, and its ref's `release` drops nothing.
+    pub(super) fn end_promotion_hold(&self) -> bool {
+        if !self.is_unique() {
+            // Relaxed: a hint for the caller, which makes the value's
+            // count exact itself before it relies on it (`try_unwrap`).
+            return self.state.load(Ordering::Relaxed) & TAGGED == 0;
         }
+        // Relaxed: no other handle or `Weak` exists to read or write the
+        // word; whatever the next one is made from (this handle) is ordered
+        // after this on its own thread or by the send that moves it.
+        let w = self.state.load(Ordering::Relaxed);
+        if w & TAGGED != 0 {
+            return false;
+        }
+        // Relaxed: as above.
+        self.state.store(w & !PROMOTING, Ordering::Relaxed);
+        true
     }
 
     /// Switches to per-CPU counting under the engine's management, unless

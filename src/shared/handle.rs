@@ -204,7 +204,7 @@ impl<T: ?Sized> Shared<T> {
     }
 
     #[inline(always)]
-    fn block(&self) -> &Block<T> {
+    pub(super) fn block(&self) -> &Block<T> {
         // SAFETY: our reference keeps the block alive.
         unsafe { block(self.ptr) }
     }
