@@ -372,6 +372,26 @@ fn managed_last_puts_vs_scan(backend: Backend) {
     assert!(!r.tryget(), "a tryget succeeded on a released ref");
 }
 
+/// The last puts of two managed refs, one on another thread, before the
+/// engine's first step: both marks are queued in one batch, and each step's
+/// completion queues the next step of its ref while the batch's later
+/// links are still to be completed (the links live in the refs). Both are
+/// released exactly once.
+fn managed_two_refs_one_batch(backend: Backend) {
+    let (pa, pb) = (Probe::new(1), Probe::new(1));
+    let (a, b) = (managed_ref(&pa, backend), managed_ref(&pb, backend));
+    let (ra, qa) = (a.clone(), pa.clone());
+    let putter = thread::spawn(move || qa.put(&ra));
+    pb.put(&b);
+    putter.join().unwrap();
+    percpu_ref::flush();
+    assert_eq!(
+        (pa.releases(), pb.releases()),
+        (1, 1),
+        "a managed ref queued in the same batch as another was not released"
+    );
+}
+
 /// A tryget (a `Weak::upgrade`) racing the last put and the scan: either
 /// it revives the ref (and its put is then the last) or it fails because
 /// the ref was released; never a release under it.
@@ -1019,6 +1039,7 @@ models! {
     deferred_switch_then_percpu: preemptions 2, backends [sharded, rseq_model];
     managed_last_puts_vs_scan: preemptions 2, backends [sharded, rseq_model];
     managed_tryget_vs_last_put: preemptions 2, backends [sharded, rseq_model];
+    managed_two_refs_one_batch: preemptions 2, backends [rseq_model];
     managed_kill_vs_scan: preemptions 2, backends [sharded, rseq_model];
     managed_release_before_drop_returns: preemptions 2, backends [sharded, rseq_model];
     managed_release_sees_the_last_holders_writes: preemptions 2, backends [sharded, rseq_model];

@@ -53,7 +53,12 @@
 //!    waits for it, and calls each entry's function in queue order (for a
 //!    ref, the protocol's `complete_deferred`: sum, fold, `confirm`, put
 //!    the base reference of a kill and the temporary one, so release never
-//!    precedes confirm). Batches are completed one at a time.
+//!    precedes confirm). Batches are completed one at a time. A managed
+//!    ref's scan steps, queued once per engine round for every marked ref,
+//!    are [`Link`]s kept in the ref itself ([`enqueue_link`]): queuing one
+//!    allocates nothing, and they are completed after the batch's other
+//!    entries, the last queued first (a ref has at most one entry queued,
+//!    so no order between refs is promised).
 //! 4. **The object outlives its completion, and waiters never read it.**
 //!    Whoever would free an object with a queued entry waits first
 //!    ([`wait_until`]) until the completion's last access (for a ref, the
@@ -83,6 +88,7 @@
 use crate::sync::unmodeled;
 use crate::sync::{self, AtomicBool, AtomicU64, Condvar, Mutex, Ordering};
 use std::cell::Cell;
+use std::mem::MaybeUninit;
 use std::time::Duration;
 
 #[cfg(not(percpu_ref_loom))]
@@ -230,8 +236,98 @@ impl Entry {
     }
 }
 
+/// An entry that lives in its object, for objects that are queued often
+/// and at most once at a time (a managed ref's scan steps, one per engine
+/// round of every marked ref): queuing it allocates nothing, so a put that
+/// marks a ref never grows a buffer under the queue's lock, and the queue
+/// holds no memory of its own for them. Three words, in the ref's count
+/// line (its spare bytes).
+///
+/// Its fields are written by [`enqueue_link`] under the queue lock, and
+/// read by whoever takes the batch (under the same lock) and completes it;
+/// the object's creator guarantees it is not queued again before its
+/// completion began (for a ref: the pending bit, invariant 4).
+pub(crate) struct Link(std::cell::UnsafeCell<MaybeUninit<LinkFields>>);
+
+/// What a queued [`Link`] holds; unwritten before its first queuing (a ref
+/// that is never managed pays no store for it).
+#[derive(Clone, Copy)]
+struct LinkFields {
+    /// The link queued before this one (null for the first).
+    next: *const Link,
+    /// The object's address, with [`LINK_NEEDS_GP`] in its low bit.
+    obj: usize,
+    complete: Complete,
+}
+
+/// Set in a [`Link`]'s `obj`: its completion needs a grace period first.
+const LINK_NEEDS_GP: usize = 1;
+
+impl Link {
+    /// A link never queued (its fields unwritten).
+    pub(crate) const fn new() -> Self {
+        Link(std::cell::UnsafeCell::new(MaybeUninit::uninit()))
+    }
+
+    /// # Safety
+    ///
+    /// Under the queue lock, with the link not queued (`enqueue_link`).
+    unsafe fn write(&self, fields: LinkFields) {
+        // SAFETY: the caller's; nobody reads the link meanwhile.
+        unsafe { (*self.0.get()).write(fields) };
+    }
+
+    /// # Safety
+    ///
+    /// The link was queued and taken in a batch by this thread, and its
+    /// completion has not begun (`complete_links`).
+    unsafe fn read(&self) -> LinkFields {
+        // SAFETY: written by `enqueue_link` before it was queued (the
+        // queue lock orders that write before the take); nobody writes it
+        // again before its completion begins.
+        unsafe { (*self.0.get()).assume_init() }
+    }
+}
+
+// SAFETY: a link is written only under the queue lock (by `enqueue_link`)
+// and read by the one thread that took it from the queue under that lock;
+// it is not queued again before that read (`enqueue_link`'s contract), so
+// no two threads access it at once.
+unsafe impl Sync for Link {}
+// SAFETY: as for `Sync`; the pointers are addresses, owned by nobody.
+unsafe impl Send for Link {}
+
+/// The links queued, the last queued first: a stack, so that queuing one
+/// writes only that link and the queue (a list in queue order would write
+/// the previous link too: a line of another ref, most likely in another
+/// CPU's cache, under the queue lock; that doubled the storm's time in
+/// `shared_costs`' hot-value row). The order of a batch's links is no
+/// part of the protocol: a ref has at most one queued, and the batch is
+/// finished (`flush`) only once all are completed.
+struct Links {
+    head: *const Link,
+    len: usize,
+    /// One of them needs a grace period.
+    needs_gp: bool,
+}
+
+impl Links {
+    const EMPTY: Links = Links {
+        head: std::ptr::null(),
+        len: 0,
+        needs_gp: false,
+    };
+}
+
+// SAFETY: the list only names links, which are `Send` and `Sync`; it is
+// moved with the queue or a batch, whose owner alone walks it.
+unsafe impl Send for Links {}
+
 struct Queue {
     entries: Vec<Entry>,
+    /// The queued [`Link`]s (completed after `entries` in their batch,
+    /// the last queued first).
+    links: Links,
     /// Entries ever queued: the next entry's ticket is `queued + 1`.
     queued: u64,
     /// The engine thread exists (never under loom).
@@ -253,11 +349,41 @@ struct Queue {
     handle: Option<std::thread::JoinHandle<()>>,
 }
 
+impl Queue {
+    /// Nothing is queued.
+    fn is_empty(&self) -> bool {
+        self.entries.is_empty() && self.links.len == 0
+    }
+
+    /// Entries and links queued.
+    #[cfg_attr(
+        percpu_ref_loom,
+        allow(dead_code, reason = "only the engine thread asks (none under loom)")
+    )]
+    fn len(&self) -> usize {
+        self.entries.len() + self.links.len
+    }
+}
+
 struct Done {
     /// Entries whose completion has fully ended (a prefix of the queue).
     finished: u64,
     /// A batch was taken and is not finished yet.
     in_flight: bool,
+}
+
+/// A field on cache lines of its own (two: the adjacent-line prefetcher
+/// pulls pairs), so that the threads that queue (the queue's lock) and those
+/// that wait for batches (the completion count's lock) do not slow each
+/// other or the engine's own counters down by sharing a line.
+#[repr(align(128))]
+struct Padded<T>(T);
+
+impl<T> std::ops::Deref for Padded<T> {
+    type Target = T;
+    fn deref(&self) -> &T {
+        &self.0
+    }
 }
 
 struct Engine {
@@ -269,14 +395,14 @@ struct Engine {
     gathering: AtomicBool,
     /// Held while a grace period runs: they run one at a time, in order.
     gp: Mutex<()>,
-    queue: Mutex<Queue>,
+    queue: Padded<Mutex<Queue>>,
     /// Wakes the engine thread.
     #[cfg_attr(
         percpu_ref_loom,
         allow(dead_code, reason = "no engine thread under loom")
     )]
     work: Condvar,
-    done: Mutex<Done>,
+    done: Padded<Mutex<Done>>,
     /// Signalled when a batch finished: [`flush`] and [`wait_until`].
     done_cv: Condvar,
     /// Under loom, one step at a time (the engine thread's role).
@@ -292,20 +418,21 @@ macro_rules! new_engine {
             cookies: AtomicU64::new(0),
             gathering: AtomicBool::new(false),
             gp: Mutex::new(()),
-            queue: Mutex::new(Queue {
+            queue: Padded(Mutex::new(Queue {
                 entries: Vec::new(),
+                links: Links::EMPTY,
                 queued: 0,
                 running: false,
                 sleeping: false,
                 urgent: false,
                 #[cfg(miri)]
                 handle: None,
-            }),
+            })),
             work: Condvar::new(),
-            done: Mutex::new(Done {
+            done: Padded(Mutex::new(Done {
                 finished: 0,
                 in_flight: false,
-            }),
+            })),
             done_cv: Condvar::new(),
             #[cfg(percpu_ref_loom)]
             step: Mutex::new(()),
@@ -491,14 +618,50 @@ pub(crate) fn synchronize_after_store() -> std::io::Result<()> {
 /// after this call (for a ref: after its `ATOMIC` store). Wakes the engine
 /// if it sleeps (starts it at first use); no system call otherwise.
 pub(crate) fn enqueue(entry: Entry) {
-    let e = engine();
-    let mut q = sync::lock(&e.queue);
+    let mut q = sync::lock(&engine().queue);
     q.entries.push(entry);
+    queued_one(q);
+}
+
+/// Queues `link` for its object at `obj`, as [`enqueue`] an entry with no
+/// callback, and with no allocation.
+///
+/// # Safety
+///
+/// As [`Entry::new`]'s for `obj` and `complete`; `obj` is even (aligned);
+/// `link` stays at its address and is not queued again until its
+/// completion has begun (the engine reads its fields before it calls
+/// `complete`, which may queue it again).
+pub(crate) unsafe fn enqueue_link(link: &Link, obj: *const (), complete: Complete, needs_gp: bool) {
+    assert!(
+        obj as usize & LINK_NEEDS_GP == 0,
+        "grace::enqueue_link: the object's address {obj:p} is odd"
+    );
+    let mut q = sync::lock(&engine().queue);
+    let l = &mut q.links;
+    // SAFETY: under the queue lock, and not queued (the caller's contract).
+    unsafe {
+        link.write(LinkFields {
+            next: l.head,
+            obj: obj as usize | if needs_gp { LINK_NEEDS_GP } else { 0 },
+            complete,
+        });
+    }
+    l.head = link;
+    l.len += 1;
+    l.needs_gp |= needs_gp;
+    queued_one(q);
+}
+
+/// Counts the entry or link just queued and wakes the engine if it sleeps
+/// (or starts it), with the queue lock `q` held until then.
+fn queued_one(mut q: sync::MutexGuard<'_, Queue>) {
     q.queued += 1;
     #[cfg(not(percpu_ref_loom))]
     {
+        let e = engine();
         let refused = if q.running {
-            if q.sleeping || q.entries.len() == BATCH_FULL {
+            if q.sleeping || q.len() == BATCH_FULL {
                 q.sleeping = false;
                 e.work.notify_one();
             }
@@ -515,21 +678,33 @@ pub(crate) fn enqueue(entry: Entry) {
 /// take, so after every switch of the batch was queued).
 fn take_batch(q: &mut Queue) -> Batch {
     let entries = std::mem::take(&mut q.entries);
+    let links = std::mem::replace(&mut q.links, Links::EMPTY);
     let cookie = cookie();
     sync::lock(&engine().done).in_flight = true;
-    Batch { entries, cookie }
+    Batch {
+        entries,
+        links,
+        cookie,
+    }
 }
 
 struct Batch {
     entries: Vec<Entry>,
+    links: Links,
     cookie: u64,
+}
+
+impl Batch {
+    fn len(&self) -> usize {
+        self.entries.len() + self.links.len
+    }
 }
 
 /// Runs the batch's grace period (if one of its entries needs it), then
 /// completes each entry in queue order, then marks the batch finished.
 fn complete_batch(batch: Batch) {
-    let n = batch.entries.len() as u64;
-    let needs_gp = batch.entries.iter().any(|e| e.needs_gp);
+    let n = batch.len() as u64;
+    let needs_gp = batch.links.needs_gp || batch.entries.iter().any(|e| e.needs_gp);
     // mutant engine_flush_early: count the batch as finished when it is
     // taken, before its confirms ran.
     let finished_early = mutated!("engine_flush_early");
@@ -540,11 +715,12 @@ fn complete_batch(batch: Batch) {
     // grace period.
     let gp_first = !mutated!("engine_complete_before_gp");
     if needs_gp && gp_first {
-        run_grace_period(batch.cookie, batch.entries.len());
+        run_grace_period(batch.cookie, batch.len());
     }
     for entry in batch.entries {
         complete(entry);
     }
+    complete_links(batch.links.head);
     if needs_gp && !gp_first {
         run_grace_period(batch.cookie, 0);
     }
@@ -589,6 +765,40 @@ fn complete(entry: Entry) {
     FREED.with(|d| d.set(outer.1));
     AFTER.with(|a| a.set(outer.2));
     run_after_completion(after);
+}
+
+/// Completes the links of a batch from `head` (the last queued) on, each
+/// as an entry.
+fn complete_links(head: *const Link) {
+    // mutant engine_link_next_after_complete: read a link's next after its
+    // completion, which may have queued it again: it then leads into the
+    // new queue, so the rest of the batch is lost (its refs stay pending,
+    // never scanned again) and links queued since are completed early.
+    let late = mutated!("engine_link_next_after_complete");
+    let mut at = head;
+    while !at.is_null() {
+        let this = at;
+        // SAFETY: a queued link stays alive until its completion begins
+        // (`enqueue_link`'s contract); it is read whole before that, since
+        // the completion may queue it again.
+        let entry = unsafe {
+            let f = (*at).read();
+            if !late {
+                at = f.next;
+            }
+            Entry::new(
+                (f.obj & !LINK_NEEDS_GP) as *const (),
+                f.complete,
+                None,
+                f.obj & LINK_NEEDS_GP != 0,
+            )
+        };
+        complete(entry);
+        if late {
+            // SAFETY: none (the mutant's bug); the models' refs outlive it.
+            at = unsafe { (*this).read().next };
+        }
+    }
 }
 
 /// Work that a completion hands to the engine for after its last access
@@ -723,7 +933,7 @@ pub(crate) fn loom_step() -> bool {
     let _step = sync::lock(&e.step);
     let batch = {
         let mut q = sync::lock(&e.queue);
-        if q.entries.is_empty() {
+        if q.is_empty() {
             return false;
         }
         take_batch(&mut q)
@@ -768,7 +978,7 @@ pub(crate) fn flush() {
 pub(crate) fn hurry() {
     let e = engine();
     let mut q = sync::lock(&e.queue);
-    if q.entries.is_empty() {
+    if q.is_empty() {
         return;
     }
     q.urgent = true;

@@ -239,6 +239,10 @@ pub struct PercpuRef {
     /// unwritten otherwise. In the count line: touched only by rare slow
     /// paths, never by a get or put.
     layer_word: MaybeUninit<AtomicUsize>,
+    /// The managed ref's place in the engine's queue while one of its scan
+    /// steps is queued (`managed.rs`): in the count line's spare bytes, so
+    /// that a mark allocates nothing. Touched only by the engine's queue.
+    link: crate::grace::Link,
     _count_line: MaybeUninit<[u8; COUNT_LINE_PAD]>,
     /// `MODE_ATOMIC` / `MODE_DEAD` / `MODE_PENDING` and the rseq bound:
     /// written under `switch`, except that a deferred switch's completion
@@ -262,13 +266,14 @@ pub struct PercpuRef {
     _pinned: PhantomPinned,
 }
 
-/// The bytes after the atomic counter (and the spare release and layer
-/// word) that fill its
+/// The bytes after the atomic counter (and the spare release, the layer
+/// word and the queue link) that fill its
 /// 64-byte line (never written: padding costs `new` no stores).
 const COUNT_LINE_PAD: usize = 64usize.saturating_sub(
     std::mem::size_of::<AtomicCount>()
         + std::mem::size_of::<MaybeUninit<Erased>>()
-        + std::mem::size_of::<MaybeUninit<AtomicUsize>>(),
+        + std::mem::size_of::<MaybeUninit<AtomicUsize>>()
+        + std::mem::size_of::<crate::grace::Link>(),
 );
 
 /// The bytes after the fields of the second line that fill it to 64 (none
@@ -433,6 +438,7 @@ impl PercpuRef {
             count: AtomicCount::new(count),
             erased_release: MaybeUninit::uninit(),
             layer_word: MaybeUninit::uninit(),
+            link: crate::grace::Link::new(),
             _count_line: MaybeUninit::uninit(),
             mode: AtomicUsize::new(mode),
             counters,

@@ -80,7 +80,7 @@ fn refuse_engine(q: &mut Queue, err: &std::io::Error) -> Batch {
     eprintln!(
         "percpu_ref: cannot start the grace-period engine thread ({err}); completing {} \
          deferred switches on the calling thread",
-        q.entries.len()
+        q.len()
     );
     // Completing runs user callbacks, which may queue: not under the queue
     // lock; the caller completes it once it dropped it.
@@ -178,7 +178,7 @@ fn engine_main() {
 fn wait_for_batch() -> Option<Batch> {
     let e = engine();
     let mut q = sync::lock(&e.queue);
-    while q.entries.is_empty() {
+    while q.is_empty() {
         if cfg!(miri) {
             q.running = false;
             return None;
@@ -188,7 +188,7 @@ fn wait_for_batch() -> Option<Batch> {
     }
     q.sleeping = false;
     let deadline = std::time::Instant::now() + batch_delay();
-    while q.entries.len() < BATCH_FULL && !q.urgent {
+    while q.len() < BATCH_FULL && !q.urgent {
         let now = std::time::Instant::now();
         if now >= deadline {
             break;
@@ -208,7 +208,7 @@ fn wait_for_batch() -> Option<Batch> {
 pub(super) fn join_idle_engine(e: &Engine) {
     loop {
         let mut q = sync::lock(&e.queue);
-        if !q.entries.is_empty() {
+        if !q.is_empty() {
             return; // more work: whoever queued it waits for it
         }
         if !q.running {

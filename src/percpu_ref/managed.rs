@@ -30,7 +30,9 @@
 //! compare-and-swap clears the bit and restores the bound (queueing the
 //! ref if it was idle), and the put runs its section again. The per-CPU
 //! fast path gains no instruction; a busy ref pays one compare-and-swap
-//! per engine round. Gets and trygets need no mark (only a put can bring
+//! per engine round. Queueing allocates nothing: each step is the ref's
+//! own `grace::Link`, pushed under the queue's lock (a ref has one step
+//! queued at most, invariant 4). Gets and trygets need no mark (only a put can bring
 //! the count down to the stand-in): while unmarked they count on the
 //! biased atomic counter, exact in either mode.
 //!
@@ -95,7 +97,7 @@ use super::switch::miscount_message;
 use super::{AfterUnlock, PercpuRef, SwitchGuard};
 use crate::atomic_mode::{AtomicCount, PutOutcome};
 use crate::flags::Error;
-use crate::grace::{self, Callback, Entry};
+use crate::grace::{self, Callback};
 use crate::percpu::{
     Backend, MODE_ATOMIC, MODE_DEAD, MODE_LIMIT, MODE_MANAGED, MODE_PENDING, MODE_POLLED,
     MODE_UNMARKED,
@@ -132,9 +134,10 @@ fn queued() -> &'static crate::sync::unmodeled::AtomicU64 {
 /// (a gauge for back-pressure, not a part of the protocol).
 static BACKLOG: crate::sync::unmodeled::AtomicUsize = crate::sync::unmodeled::AtomicUsize::new(0);
 
-/// The backlog above which [`wait_for_backlog`] makes its caller wait. Each
-/// step is a few hundred bytes of queue entry at most; the values behind
-/// them (`shared::Shared`s awaiting their drop) are what it bounds.
+/// The backlog above which [`wait_for_backlog`] makes its caller wait. A
+/// step costs the queue nothing (it is the ref's own link,
+/// `grace::Link`); the values behind them (`shared::Shared`s awaiting
+/// their drop) are what it bounds.
 const MAX_BACKLOG: usize = 1 << 16;
 
 /// Back-pressure for a layer that hands refs to the engine faster than it
@@ -647,9 +650,10 @@ impl PercpuRef {
         // window do (after the clear, after the window's ATOMIC store).
         let needs_gp = !matches!(step, Step::Clear);
         // SAFETY: the ref stays at its address while pending (the caller's
-        // contract), and each step either queues the next or clears the bit.
-        let entry = unsafe { Entry::new(self.addr(), complete, None, needs_gp) };
-        grace::enqueue(entry);
+        // contract), and each step either queues the next or clears the bit:
+        // its link is queued once at a time, the next step queued only by
+        // the completion of the one before. Its address is aligned.
+        unsafe { grace::enqueue_link(&self.link, self.addr(), complete, needs_gp) };
     }
 
     /// Step 1: clear the mark (and the bound), so that the next put marks
