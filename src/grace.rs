@@ -701,7 +701,8 @@ impl Batch {
 }
 
 /// Runs the batch's grace period (if one of its entries needs it), then
-/// completes each entry in queue order, then marks the batch finished.
+/// completes each entry in queue order and then each link (the last queued
+/// first), then marks the batch finished.
 fn complete_batch(batch: Batch) {
     let n = batch.len() as u64;
     let needs_gp = batch.links.needs_gp || batch.entries.iter().any(|e| e.needs_gp);

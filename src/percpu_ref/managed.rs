@@ -32,9 +32,9 @@
 //! fast path gains no instruction; a busy ref pays one compare-and-swap
 //! per engine round. Queueing allocates nothing: each step is the ref's
 //! own `grace::Link`, pushed under the queue's lock (a ref has one step
-//! queued at most, invariant 4). Gets and trygets need no mark (only a put can bring
-//! the count down to the stand-in): while unmarked they count on the
-//! biased atomic counter, exact in either mode.
+//! queued at most, invariant 4). Gets and trygets need no mark (only a
+//! put can bring the count down to the stand-in): while unmarked they
+//! count on the biased atomic counter, exact in either mode.
 //!
 //! **The guess** is a racy sum: the atomic counter less `BIAS`, plus the
 //! per-CPU counters read while sections may still commit. It can be wrong
